@@ -1,0 +1,124 @@
+// dispatch.cpp: builds one kernel table per compiled ISA and picks the active one.
+#include "dispatch.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "cpu_features.h"
+
+namespace pyinfer {
+
+TypeSize type_size(uint32_t type) {
+  switch (type) {
+    case GGML_F32: return {1, 4};
+    case GGML_F16: return {1, 2};
+    case GGML_BF16: return {1, 2};
+    case GGML_Q4_0: return {QK4_0, sizeof(block_q4_0)};
+    case GGML_Q4_1: return {QK4_1, sizeof(block_q4_1)};
+    case GGML_Q5_0: return {QK5_0, sizeof(block_q5_0)};
+    case GGML_Q8_0: return {QK8_0, sizeof(block_q8_0)};
+    case GGML_Q4_K: return {QK_K, sizeof(block_q4_K)};
+    case GGML_Q6_K: return {QK_K, sizeof(block_q6_K)};
+    default: return {0, 0};
+  }
+}
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+Isa parse_isa(const std::string& name) {
+  if (name == "scalar") return Isa::scalar;
+  if (name == "avx2") return Isa::avx2;
+  if (name == "avx512") return Isa::avx512;
+  throw std::invalid_argument("unknown ISA path '" + name + "': expected scalar, avx2 or avx512");
+}
+
+namespace {
+
+bool supported(Isa isa) {
+  const CpuFeatures& f = cpu_features();
+  switch (isa) {
+    case Isa::scalar: return true;
+#if PYINFER_X86
+    case Isa::avx2: return f.can_avx2();
+    case Isa::avx512: return f.can_avx512();
+#endif
+    default: (void)f; return false;
+  }
+}
+
+KernelTable make_table(Isa isa) {
+  KernelTable t{};
+  t.isa = isa;
+  // Every table starts from the scalar kernels, so a type without a SIMD variant still works.
+  fill_kernels_scalar(t);
+#if PYINFER_X86
+  if (isa == Isa::avx2) fill_kernels_avx2(t);
+  if (isa == Isa::avx512) {
+    fill_kernels_avx2(t);
+    fill_kernels_avx512(t);
+  }
+#endif
+  t.isa = isa;
+  return t;
+}
+
+Isa best_isa() {
+  if (supported(Isa::avx512)) return Isa::avx512;
+  if (supported(Isa::avx2)) return Isa::avx2;
+  return Isa::scalar;
+}
+
+Isa initial_isa() {
+  const char* env = std::getenv("PYINFER_ISA");
+  if (env == nullptr || *env == '\0') return best_isa();
+  Isa isa;
+  try {
+    isa = parse_isa(env);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error(std::string("PYINFER_ISA: ") + e.what());
+  }
+  if (!supported(isa))
+    throw std::runtime_error(std::string("PYINFER_ISA=") + env +
+                             ": this CPU (or this build) does not support that path; "
+                             "pyinfer.cpu_info() lists the available ones");
+  return isa;
+}
+
+std::atomic<const KernelTable*> g_active{nullptr};
+
+}  // namespace
+
+const KernelTable& kernels_for(Isa isa) {
+  if (!supported(isa))
+    throw std::runtime_error(std::string("ISA path '") + isa_name(isa) +
+                             "' is not available on this CPU or in this build");
+  static const KernelTable scalar = make_table(Isa::scalar);
+  static const KernelTable avx2 = supported(Isa::avx2) ? make_table(Isa::avx2) : scalar;
+  static const KernelTable avx512 = supported(Isa::avx512) ? make_table(Isa::avx512) : scalar;
+  switch (isa) {
+    case Isa::avx2: return avx2;
+    case Isa::avx512: return avx512;
+    default: return scalar;
+  }
+}
+
+const KernelTable& kernels() {
+  const KernelTable* t = g_active.load(std::memory_order_acquire);
+  if (t == nullptr) {
+    t = &kernels_for(initial_isa());
+    g_active.store(t, std::memory_order_release);
+  }
+  return *t;
+}
+
+void set_isa(Isa isa) { g_active.store(&kernels_for(isa), std::memory_order_release); }
+
+}  // namespace pyinfer

@@ -1,0 +1,20 @@
+"""pyinfer: fast LLM inference on CPUs."""
+
+from __future__ import annotations
+
+from pyinfer import _C
+from pyinfer.errors import GGUFError
+
+__version__ = "0.1.0"
+
+
+def cpu_info() -> dict:
+    """What the CPU supports, which ISA paths were compiled and can run, and the one in use.
+
+    The active path is the best available unless ``PYINFER_ISA=scalar|avx2|avx512`` says
+    otherwise (a path this CPU lacks fails the import with a clear message).
+    """
+    return _C.cpu_info()
+
+
+__all__ = ["GGUFError", "cpu_info", "__version__"]
