@@ -1,0 +1,101 @@
+"""What a GGUF model is and what running it costs: the figures `pyinfer info` prints."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from pyinfer.gguf import GGUFReader
+
+
+def _meta(r: GGUFReader, arch: str, key: str, default: Any = None) -> Any:
+    return r.metadata.get(f"{arch}.{key}", default)
+
+
+def model_info(r: GGUFReader) -> dict[str, Any]:
+    """Architecture, dimensions, tokenizer, tensor counts by type and per-token costs."""
+    arch = r.metadata.get("general.architecture", "?")
+    n_layer = _meta(r, arch, "block_count")
+    n_embd = _meta(r, arch, "embedding_length")
+    n_head = _meta(r, arch, "attention.head_count")
+    n_head_kv = _meta(r, arch, "attention.head_count_kv", n_head)
+    head_dim = _meta(r, arch, "attention.key_length", None)
+    if head_dim is None and n_embd and n_head:
+        head_dim = n_embd // n_head
+    head_dim_v = _meta(r, arch, "attention.value_length", head_dim)
+    tokens = r.metadata.get("tokenizer.ggml.tokens")
+    tied = "output.weight" not in r.tensors and "token_embd.weight" in r.tensors
+
+    # A decode step reads every weight once, except the embedding table, of which it reads
+    # one row, unless the table doubles as the output head (tied), when it is read whole.
+    weight_bytes = 0
+    for t in r.tensors.values():
+        if t.name == "token_embd.weight" and not tied:
+            weight_bytes += t.nbytes // t.shape[1]
+        else:
+            weight_bytes += t.nbytes
+
+    kv_elems = None
+    if n_layer and n_head_kv and head_dim:
+        kv_elems = n_layer * n_head_kv * (head_dim + head_dim_v)
+    return {
+        "path": str(r.path),
+        "file_size": r.file_size,
+        "gguf_version": r.version,
+        "name": r.metadata.get("general.name"),
+        "architecture": arch,
+        "n_layer": n_layer,
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "n_head_kv": n_head_kv,
+        "head_dim": head_dim,
+        "n_ff": _meta(r, arch, "feed_forward_length"),
+        "n_vocab": _meta(r, arch, "vocab_size", len(tokens) if tokens is not None else None),
+        "context_length": _meta(r, arch, "context_length"),
+        "rope_freq_base": _meta(r, arch, "rope.freq_base"),
+        "tied_embeddings": tied,
+        "tokenizer_model": r.metadata.get("tokenizer.ggml.model"),
+        "tokenizer_pre": r.metadata.get("tokenizer.ggml.pre"),
+        "has_chat_template": "tokenizer.chat_template" in r.metadata,
+        "n_tensors": len(r.tensors),
+        "tensor_types": dict(Counter(t.type.name for t in r.tensors.values()).most_common()),
+        "tensors": [
+            {"name": t.name, "shape": list(t.shape), "type": t.type.name, "nbytes": t.nbytes}
+            for t in r.tensors.values()
+        ],
+        "weight_bytes_per_token": weight_bytes,
+        "kv_bytes_per_token": {"f32": kv_elems * 4, "f16": kv_elems * 2} if kv_elems else None,
+    }
+
+
+def format_info(info: dict[str, Any], *, tensors: bool = False) -> str:
+    """The human-readable report."""
+    mb = 1e6
+    lines = [
+        f"file            {info['path']}",
+        f"size            {info['file_size']:,} bytes ({info['file_size'] / mb:.1f} MB), GGUF v{info['gguf_version']}",
+        f"name            {info['name']}",
+        f"architecture    {info['architecture']}",
+        f"layers          {info['n_layer']}",
+        f"width           {info['n_embd']}",
+        f"heads           {info['n_head']} query, {info['n_head_kv']} key/value, head dim {info['head_dim']}",
+        f"feed-forward    {info['n_ff']}",
+        f"vocabulary      {info['n_vocab']}",
+        f"context         {info['context_length']} (trained)",
+        f"rope base       {info['rope_freq_base']}",
+        f"output head     {'tied to the embedding' if info['tied_embeddings'] else 'separate'}",
+        f"tokenizer       {info['tokenizer_model']} (pre-tokenizer {info['tokenizer_pre']})"
+        + (", chat template" if info["has_chat_template"] else ""),
+        f"tensors         {info['n_tensors']}: "
+        + ", ".join(f"{n} {k}" for k, n in info["tensor_types"].items()),
+        f"decode reads    {info['weight_bytes_per_token'] / mb:.1f} MB of weights per token",
+    ]
+    kv = info["kv_bytes_per_token"]
+    if kv:
+        lines.append(f"KV cache        {kv['f32']:,} bytes per token of context in float32, {kv['f16']:,} in float16")
+    if tensors:
+        lines.append("")
+        for t in info["tensors"]:
+            shape = "x".join(str(d) for d in t["shape"])
+            lines.append(f"  {t['name']:<32} {t['type']:<6} {shape:<14} {t['nbytes']:>12,}")
+    return "\n".join(lines)

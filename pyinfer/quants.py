@@ -1,0 +1,169 @@
+"""GGUF block formats in NumPy: dequantization of every type pyinfer reads, and
+quantization for the types its writer produces. This is the executable spec the C++
+dequantization kernels are tested against; it favours clarity over speed.
+
+Arithmetic is float32 in the same order as the C++ scalar kernels (a multiply, then an
+add; never a fused multiply-add), so results match them bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pyinfer.gguf_types import BLOCK_SIZES, GGMLType
+
+_F32 = np.float32
+
+
+def _f16(col: np.ndarray) -> np.ndarray:
+    """A (n_blocks, 2) uint8 column pair holding fp16 bits -> (n_blocks, 1) float32."""
+    return np.ascontiguousarray(col).view("<f2").astype(_F32)
+
+
+def _blocks(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
+    block_bytes = BLOCK_SIZES[ggml_type][1]
+    raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+    if raw.size % block_bytes:
+        raise ValueError(f"{raw.size} bytes is not a whole number of {ggml_type.name} blocks")
+    return raw.reshape(-1, block_bytes)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """Blocks of 16 packed bytes -> 32 values: low nibbles are elements 0..15, high 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+
+
+def dequantize(raw: np.ndarray, ggml_type: int) -> np.ndarray:
+    """Raw GGUF tensor bytes of the given type -> a flat float32 array."""
+    t = GGMLType(ggml_type)
+    raw = np.asarray(raw, dtype=np.uint8).reshape(-1)
+    if t == GGMLType.F32:
+        return raw.view("<f4").astype(_F32)
+    if t == GGMLType.F16:
+        return raw.view("<f2").astype(_F32)
+    if t == GGMLType.BF16:
+        return (raw.view("<u2").astype(np.uint32) << 16).view(_F32)
+    b = _blocks(raw, t)
+    if t == GGMLType.Q8_0:
+        return (b[:, 2:].view(np.int8).astype(_F32) * _f16(b[:, 0:2])).reshape(-1)
+    if t == GGMLType.Q4_0:
+        q = _nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)
+        return (q.astype(_F32) * _f16(b[:, 0:2])).reshape(-1)
+    if t == GGMLType.Q4_1:
+        q = _nibbles(b[:, 4:]).astype(_F32)
+        return (q * _f16(b[:, 0:2]) + _f16(b[:, 2:4])).reshape(-1)
+    if t == GGMLType.Q5_0:
+        qh = np.ascontiguousarray(b[:, 2:6]).view("<u4")  # (nb, 1): bit j is element j's fifth bit
+        bit = (qh >> np.arange(32, dtype=np.uint32)) & 1
+        q = _nibbles(b[:, 6:]).astype(np.int32) | (bit.astype(np.int32) << 4)
+        return ((q - 16).astype(_F32) * _f16(b[:, 0:2])).reshape(-1)
+    if t == GGMLType.Q4_K:
+        return _dequantize_q4_k(b)
+    if t == GGMLType.Q6_K:
+        return _dequantize_q6_k(b)
+    raise NotImplementedError(f"dequantization of {t.name} is not implemented")
+
+
+def q4_k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unpack Q4_K's 12 scale bytes into 8 six-bit scales and 8 six-bit mins per block."""
+    s = scales.astype(np.uint8)
+    sc = np.empty((s.shape[0], 8), np.uint8)
+    mn = np.empty((s.shape[0], 8), np.uint8)
+    sc[:, :4] = s[:, 0:4] & 63
+    mn[:, :4] = s[:, 4:8] & 63
+    sc[:, 4:] = (s[:, 8:12] & 0x0F) | ((s[:, 0:4] >> 6) << 4)
+    mn[:, 4:] = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
+    return sc, mn
+
+
+def _dequantize_q4_k(b: np.ndarray) -> np.ndarray:
+    # Layout: d (f16), dmin (f16), 12 scale bytes, 128 bytes of nibbles. Each run of 32 bytes
+    # holds two sub-blocks of 32: low nibbles are sub-block 2c, high nibbles 2c+1.
+    nb = b.shape[0]
+    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    sc, mn = q4_k_scales_mins(b[:, 4:16])
+    scale = d * sc.astype(_F32)  # (nb, 8)
+    offset = dmin * mn.astype(_F32)
+    qs = b[:, 16:].reshape(nb, 4, 32)
+    q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32).astype(_F32)
+    return (scale[:, :, None] * q - offset[:, :, None]).reshape(-1)
+
+
+def _dequantize_q6_k(b: np.ndarray) -> np.ndarray:
+    # Layout: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales, d (f16).
+    # Each half (128 elements) uses 64 low bytes and 32 high bytes; within it element
+    # 32*k + l takes low byte l (+32 for k odd), nibble k // 2, high bits 2k..2k+1 of byte l.
+    nb = b.shape[0]
+    ql = b[:, 0:128].reshape(nb, 2, 2, 32)  # half, (l or l+32), l
+    qh = b[:, 128:192].reshape(nb, 2, 1, 32)
+    sc = b[:, 192:208].view(np.int8).reshape(nb, 2, 4, 2).astype(_F32)  # half, k, l // 16
+    d = _f16(b[:, 208:210]).reshape(nb, 1, 1, 1)
+    low = np.stack([ql[:, :, 0] & 0x0F, ql[:, :, 1] & 0x0F, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], axis=2)
+    high = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
+    q = (low | (high << 4)).astype(np.int16) - 32  # (nb, half, k, 32)
+    scale = d * np.repeat(sc, 16, axis=3)  # (nb, half, k, 32)
+    return (scale * q.astype(_F32)).reshape(-1)
+
+
+# -- quantization (float32 -> blocks), for the writer -----------------------------------------
+
+
+def _round_away(x: np.ndarray) -> np.ndarray:
+    """Round half away from zero (C's roundf)."""
+    return np.trunc(x + np.copysign(_F32(0.5), x))
+
+
+def _inv(d: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.where(d != 0, _F32(1) / d, _F32(0)).astype(_F32)
+
+
+def _pack_nibbles(q: np.ndarray) -> np.ndarray:
+    return (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+
+
+def _f16_bytes(x: np.ndarray) -> np.ndarray:
+    return x.astype("<f2").reshape(-1, 1).view(np.uint8)
+
+
+def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits, rounding to nearest even; NaNs stay quiet NaNs."""
+    u = np.ascontiguousarray(x, dtype=_F32).view(np.uint32)
+    rounded = ((u + (0x7FFF + ((u >> 16) & 1))) >> 16).astype(np.uint16)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    return np.where(nan, ((u >> 16) | 64).astype(np.uint16), rounded)
+
+
+def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
+    """float32 values (count a multiple of the block size) -> raw GGUF bytes of the type."""
+    t = GGMLType(ggml_type)
+    x = np.ascontiguousarray(x, dtype=_F32).reshape(-1)
+    if t == GGMLType.F32:
+        return x.view(np.uint8).copy()
+    if t == GGMLType.F16:
+        return x.astype("<f2").view(np.uint8)
+    if t == GGMLType.BF16:
+        return f32_to_bf16_bits(x).view(np.uint8)
+    block_elems = BLOCK_SIZES[t][0]
+    if x.size % block_elems:
+        raise ValueError(f"{x.size} values is not a multiple of the {t.name} block size {block_elems}")
+    v = x.reshape(-1, block_elems)
+    if t == GGMLType.Q8_0:
+        d = np.abs(v).max(axis=1, keepdims=True) / _F32(127)
+        q = _round_away(v * _inv(d)).astype(np.int8)
+        return np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=1).reshape(-1)
+    if t == GGMLType.Q4_0:
+        # The value of largest magnitude maps to -8, so the full range [-8, 7] is used.
+        idx = np.abs(v).argmax(axis=1)
+        vmax = v[np.arange(v.shape[0]), idx].reshape(-1, 1)
+        d = vmax / _F32(-8)
+        q = np.minimum(15, np.trunc(v * _inv(d) + _F32(8.5))).astype(np.uint8)
+        return np.concatenate([_f16_bytes(d), _pack_nibbles(q)], axis=1).reshape(-1)
+    if t == GGMLType.Q4_1:
+        vmin = v.min(axis=1, keepdims=True)
+        d = (v.max(axis=1, keepdims=True) - vmin) / _F32(15)
+        q = np.clip(np.trunc((v - vmin) * _inv(d) + _F32(0.5)), 0, 15).astype(np.uint8)
+        return np.concatenate([_f16_bytes(d), _f16_bytes(vmin), _pack_nibbles(q)], axis=1).reshape(-1)
+    raise NotImplementedError(
+        f"quantizing to {t.name} is not implemented; pass its raw blocks to the writer instead"
+    )
