@@ -237,9 +237,9 @@ def test_default_model_tensors(default_model):
         assert np.array_equal(r.dequantize(name), theirs.reshape(r.tensors[name].np_shape))
 
 
-def test_info_cli_reports_default_model(default_model):
+def test_info_cli_reports_default_model(default_model, tmp_path):
     out = subprocess.run([sys.executable, "-m", "pyinfer", "info", str(default_model), "--json"],
-                         check=True, capture_output=True, text=True).stdout
+                         check=True, capture_output=True, text=True, cwd=tmp_path).stdout
     info = json.loads(out)
     r = GGUFReader(default_model)
     assert info["n_tensors"] == 272
@@ -252,5 +252,5 @@ def test_info_cli_reports_default_model(default_model):
     # K and V, 30 layers x 3 heads x 64, per token.
     assert info["kv_bytes_per_token"] == {"f32": 46080, "f16": 23040}
     text = subprocess.run([sys.executable, "-m", "pyinfer", "info", str(default_model)],
-                          check=True, capture_output=True, text=True).stdout
+                          check=True, capture_output=True, text=True, cwd=tmp_path).stdout
     assert "272: 210 Q4_1, 61 F32, 1 Q8_0" in text and "96.6 MB of weights per token" in text
