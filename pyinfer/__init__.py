@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pyinfer import _C
+from pyinfer.bandwidth import measure_read_bandwidth
 from pyinfer.errors import GGUFError
 
 __version__ = "0.1.0"
@@ -17,4 +18,4 @@ def cpu_info() -> dict:
     return _C.cpu_info()
 
 
-__all__ = ["GGUFError", "cpu_info", "__version__"]
+__all__ = ["GGUFError", "cpu_info", "measure_read_bandwidth", "__version__"]

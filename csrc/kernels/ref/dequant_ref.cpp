@@ -1,8 +1,16 @@
 // dequant_ref.cpp: scalar dequantization of GGUF blocks to float32, the executable spec.
+//
+// Every SIMD variant must match these bit for bit. That holds even where a compiler fuses a
+// multiply and an add into an FMA: in every type below each product (fp16 scale x small
+// integer, or fp16 scale x 6- or 8-bit sub-block scale x quant) needs at most 24 significant
+// bits and never underflows, so it is exact in float32, and a fused or unfused q*d+m rounds
+// once, at the add. The order of the products is part of the spec, though: (d*sc)*q and
+// d*(sc*q) differ in the sign of a zero.
 #include <cstring>
 
 #include "dispatch.h"
 #include "half.h"
+#include "kernels/kquant_scales.h"
 
 namespace pyinfer {
 namespace {
@@ -52,6 +60,70 @@ void dequant_q4_1_ref(const void* src, float* dst, int64_t n) {
   }
 }
 
+void dequant_q5_0_ref(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const block_q5_0*>(src);
+  for (int64_t ib = 0; ib < n / QK5_0; ++ib, dst += QK5_0) {
+    const float d = fp16_to_f32(b[ib].d);
+    const uint8_t* h = b[ib].qh;
+    const uint32_t qh = h[0] | (h[1] << 8) | (h[2] << 16) | (static_cast<uint32_t>(h[3]) << 24);
+    for (int j = 0; j < QK5_0 / 2; ++j) {
+      const int lo = (b[ib].qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
+      const int hi = (b[ib].qs[j] >> 4) | (((qh >> (j + QK5_0 / 2)) & 1) << 4);
+      dst[j] = (lo - 16) * d;
+      dst[j + QK5_0 / 2] = (hi - 16) * d;
+    }
+  }
+}
+
+// 8 sub-blocks of 32 per super-block, in pairs sharing 32 bytes of qs: the pair's first
+// sub-block is the low nibbles, the second the high nibbles. value = (d*sc) * q - dmin*m.
+void dequant_q4_K_ref(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const block_q4_K*>(src);
+  for (int64_t ib = 0; ib < n / QK_K; ++ib) {
+    const float d = fp16_to_f32(b[ib].d);
+    const float dmin = fp16_to_f32(b[ib].dmin);
+    const uint8_t* q = b[ib].qs;
+    for (int j = 0; j < QK_K / 32; j += 2, q += 32, dst += 64) {
+      int sc, mn;
+      kquant_scale_min(b[ib].scales, j, &sc, &mn);
+      const float d1 = d * sc, m1 = dmin * mn;
+      kquant_scale_min(b[ib].scales, j + 1, &sc, &mn);
+      const float d2 = d * sc, m2 = dmin * mn;
+      for (int l = 0; l < 32; ++l) dst[l] = d1 * (q[l] & 0x0f) - m1;
+      for (int l = 0; l < 32; ++l) dst[l + 32] = d2 * (q[l] >> 4) - m2;
+    }
+  }
+}
+
+// Two halves of 128 per super-block. In a half, element l + 32*k (l < 32, k < 4) takes its
+// low 4 bits from ql[l + 32*(k & 1)] (low nibble for k < 2, high for k >= 2), its top 2 bits
+// from bits 2k..2k+1 of qh[l], and scale number l/16 + 2k of the half's 8.
+// value = (d * scale) * (q - 32).
+void dequant_q6_K_ref(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const block_q6_K*>(src);
+  for (int64_t ib = 0; ib < n / QK_K; ++ib) {
+    const float d = fp16_to_f32(b[ib].d);
+    const uint8_t* ql = b[ib].ql;
+    const uint8_t* qh = b[ib].qh;
+    const int8_t* sc = b[ib].scales;
+    for (int half = 0; half < 2; ++half, ql += 64, qh += 32, sc += 8, dst += 128) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        dst[l] = (d * sc[is + 0]) * q1;
+        dst[l + 32] = (d * sc[is + 2]) * q2;
+        dst[l + 64] = (d * sc[is + 4]) * q3;
+        dst[l + 96] = (d * sc[is + 6]) * q4;
+      }
+    }
+  }
+}
+
+// The sum, modulo 2^64, of the buffer's little-endian 64-bit words: every ISA's variant
+// returns the same value for the same bytes.
 uint64_t read_sum_ref(const void* src, size_t n_bytes) {
   const auto* p = static_cast<const uint64_t*>(src);
   uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -71,6 +143,9 @@ void fill_kernels_scalar(KernelTable& t) {
   t.dequant_row[GGML_Q8_0] = dequant_q8_0_ref;
   t.dequant_row[GGML_Q4_0] = dequant_q4_0_ref;
   t.dequant_row[GGML_Q4_1] = dequant_q4_1_ref;
+  t.dequant_row[GGML_Q5_0] = dequant_q5_0_ref;
+  t.dequant_row[GGML_Q4_K] = dequant_q4_K_ref;
+  t.dequant_row[GGML_Q6_K] = dequant_q6_K_ref;
   t.read_sum = read_sum_ref;
 }
 

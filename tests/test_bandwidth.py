@@ -1,0 +1,92 @@
+"""The read-bandwidth probe: sane figures, and proof that every byte was read on every path."""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import numpy as np
+import pytest
+
+import pyinfer
+from pyinfer import _C
+from pyinfer.bandwidth import measure_read_bandwidth
+
+ISAS = pyinfer.cpu_info()["available"]
+SMALL = 64 << 20  # past the 32 MiB L3, yet quick
+
+
+@pytest.fixture(params=ISAS)
+def isa(request: pytest.FixtureRequest):
+    before = _C.get_isa()
+    _C.set_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        _C.set_isa(before)
+
+
+def expected_checksum(n_bytes: int, n_threads: int) -> int:
+    """Sum mod 2**64 of the probe's array as little-endian uint64 words, computed apart from it:
+    byte i of thread t's slice is (i * 131 + t) % 256, which repeats every 256 bytes."""
+    slice_bytes = n_bytes // n_threads
+    assert slice_bytes % 256 == 0
+    total = 0
+    for t in range(n_threads):
+        period = ((np.arange(256, dtype=np.int64) * 131 + t) % 256).astype(np.uint8)
+        words = period.view("<u8").astype(object)
+        total += int(sum(words)) * (slice_bytes // 256)
+    return total % (1 << 64)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_figures_are_positive_and_finite(isa: str, n_threads: int) -> None:
+    r = measure_read_bandwidth(SMALL, n_threads=n_threads, repeats=2)
+    assert r["n_bytes"] == SMALL and r["n_threads"] == n_threads and r["repeats"] == 2
+    assert r["isa"] == isa
+    assert len(r["seconds"]) == len(r["gbps"]) == 2
+    for s, g in zip(r["seconds"], r["gbps"]):
+        assert s > 0 and math.isfinite(s)
+        assert g > 0 and math.isfinite(g)
+        assert g == pytest.approx(SMALL / s / 1e9, rel=1e-12)
+    assert r["best_gbps"] == max(r["gbps"])
+    assert min(r["gbps"]) <= r["median_gbps"] <= r["best_gbps"]
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_checksum_covers_every_byte(isa: str, n_threads: int) -> None:
+    r = measure_read_bandwidth(8 << 20, n_threads=n_threads, repeats=2)
+    assert r["checksum"] == expected_checksum(r["n_bytes"], n_threads)
+
+
+def test_size_rounds_down_to_whole_pages_per_thread() -> None:
+    r = measure_read_bandwidth(3 * 4096 * 3 + 100, n_threads=3, repeats=1)
+    assert r["n_bytes"] == 3 * 4096 * 3
+    assert r["checksum"] == expected_checksum(r["n_bytes"], 3)
+
+
+def test_defaults() -> None:
+    params = inspect.signature(measure_read_bandwidth).parameters
+    assert params["n_bytes"].default == 512 << 20
+    assert params["n_threads"].default == 1
+    assert params["repeats"].default == 10
+    assert "measure_read_bandwidth" in pyinfer.__all__
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"n_threads": 0},
+        {"repeats": 0},
+        {"n_bytes": 0},
+        {"n_bytes": -1},
+        {"n_bytes": 100},  # smaller than one page
+        {"n_bytes": 4096, "n_threads": 2},  # not a page per thread
+        {"n_threads": True},
+        {"repeats": 1.5},
+    ],
+)
+def test_bad_arguments_raise(kwargs: dict) -> None:
+    args = {"n_bytes": 1 << 20, "n_threads": 1, "repeats": 1, **kwargs}
+    with pytest.raises(ValueError):
+        measure_read_bandwidth(**args)
