@@ -18,4 +18,4 @@ def cpu_info() -> dict:
     return _C.cpu_info()
 
 
-__all__ = ["GGUFError", "cpu_info", "measure_read_bandwidth", "__version__"]
+__all__ = ["GGUFError", "__version__", "cpu_info", "measure_read_bandwidth"]

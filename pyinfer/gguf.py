@@ -10,9 +10,10 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -102,7 +103,7 @@ class TensorInfo:
 class _Cursor:
     """Reads little-endian values from a buffer, checking every read against its end."""
 
-    __slots__ = ("buf", "pos", "end")
+    __slots__ = ("buf", "end", "pos")
 
     def __init__(self, buf: memoryview, pos: int = 0) -> None:
         self.buf = buf

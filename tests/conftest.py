@@ -6,9 +6,26 @@ from pathlib import Path
 
 import pytest
 
+import pyinfer
+from pyinfer import _C
+
+# Every ISA path this CPU can run; kernel tests run on each.
+ISAS = pyinfer.cpu_info()["available"]
+
 
 @pytest.fixture(scope="session")
 def default_model() -> Path:
     from pyinfer.models import resolve_model
 
     return resolve_model(None)
+
+
+@pytest.fixture(params=ISAS)
+def isa(request: pytest.FixtureRequest):
+    """Make each available ISA path the active one in turn, then restore the previous one."""
+    before = _C.get_isa()
+    _C.set_isa(request.param)
+    try:
+        yield request.param
+    finally:
+        _C.set_isa(before)

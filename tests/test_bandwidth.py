@@ -9,21 +9,9 @@ import numpy as np
 import pytest
 
 import pyinfer
-from pyinfer import _C
 from pyinfer.bandwidth import measure_read_bandwidth
 
-ISAS = pyinfer.cpu_info()["available"]
 SMALL = 64 << 20  # past the 32 MiB L3, yet quick
-
-
-@pytest.fixture(params=ISAS)
-def isa(request: pytest.FixtureRequest):
-    before = _C.get_isa()
-    _C.set_isa(request.param)
-    try:
-        yield request.param
-    finally:
-        _C.set_isa(before)
 
 
 def expected_checksum(n_bytes: int, n_threads: int) -> int:

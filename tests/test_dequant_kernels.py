@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ISAS
 
 import pyinfer
 from pyinfer import _C
@@ -39,21 +40,9 @@ PLAIN_TYPES = [F32, F16, BF16]
 NAMES = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
          Q8_0: "q8_0", Q4_K: "q4_K", Q6_K: "q6_K"}
 
-ISAS = pyinfer.cpu_info()["available"]
 # Element counts around the 8- and 16-float vector widths, for the one-element types.
 PLAIN_COUNTS = [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 1027]
 BLOCK_COUNTS = [1, 2, 3, 17, 64]
-
-
-@pytest.fixture(params=ISAS)
-def isa(request: pytest.FixtureRequest):
-    """Make each available ISA path the active one in turn, then restore the previous one."""
-    before = _C.get_isa()
-    _C.set_isa(request.param)
-    try:
-        yield request.param
-    finally:
-        _C.set_isa(before)
 
 
 # ---- random blocks ----------------------------------------------------------------------

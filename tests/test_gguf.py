@@ -22,7 +22,7 @@ QUANTIZE_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGML
 
 def random_blocks(t: GGMLType, n_blocks: int) -> np.ndarray:
     """Random raw bytes with every fp16 field set to a finite scale (incl. negative, subnormal)."""
-    elems, nbytes = BLOCK_SIZES[t]
+    nbytes = BLOCK_SIZES[t][1]
     raw = rng.integers(0, 256, size=(n_blocks, nbytes), dtype=np.uint8)
     scales = rng.choice(np.array([0.0, 1e-7, -3e-6, 0.01, -0.5, 2.0, 65504.0], np.float16), size=(n_blocks, 2))
     scales = np.where(rng.random((n_blocks, 2)) < 0.5, rng.standard_normal((n_blocks, 2)).astype(np.float16), scales)

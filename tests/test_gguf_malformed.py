@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf_craft import gguf, kv, kv_str, kv_u32, s, tinfo
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gguf_craft import gguf, kv, kv_str, kv_u32, s, tinfo
 from pyinfer import GGUFError
 from pyinfer.gguf import GGMLType, GGUFReader, GGUFWriter
 
