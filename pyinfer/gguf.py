@@ -388,11 +388,11 @@ class GGUFReader:
 
     def close(self) -> None:
         """Unmap the file. Views handed out keep the mapping alive until they are gone."""
-        self._buf.release()
         try:
+            self._buf.release()
             self._mmap.close()
         except BufferError:
-            pass  # arrays still view the file; the mapping closes when they are freed
+            pass  # arrays still view the file; the mapping goes when the last one is freed
 
     def __enter__(self) -> GGUFReader:
         return self

@@ -195,6 +195,10 @@ def test_tensor_views_are_zero_copy(tmp_path):
     assert q.shape == (2, 20) and q.dtype == np.uint8
     assert np.shares_memory(f, r.raw("f"))
     assert f[1, 3] == 35.0
+    r.close()  # views handed out stay valid
+    assert f[1, 3] == 35.0
+    with GGUFReader(path) as r2:
+        assert r2.tensors["q"].type == GGMLType.Q4_1
 
 
 def test_writer_rejects_bad_input(tmp_path):
