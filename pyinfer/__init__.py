@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyinfer import _C
 from pyinfer.bandwidth import measure_read_bandwidth
 from pyinfer.errors import GGUFError
+from pyinfer.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
 
@@ -18,4 +19,4 @@ def cpu_info() -> dict:
     return _C.cpu_info()
 
 
-__all__ = ["GGUFError", "__version__", "cpu_info", "measure_read_bandwidth"]
+__all__ = ["GGUFError", "Tokenizer", "__version__", "cpu_info", "measure_read_bandwidth"]

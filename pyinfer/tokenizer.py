@@ -1,0 +1,378 @@
+"""Byte-level BPE tokenizer built from GGUF metadata, giving llama.cpp's token ids."""
+
+from __future__ import annotations
+
+import codecs
+import operator
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfer import _bpe
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+
+@dataclass(frozen=True)
+class PreTokenizer:
+    """How one `tokenizer.ggml.pre` value splits text into words before BPE merges them."""
+
+    split: int  # _bpe.SPLIT_GPT2 or _bpe.SPLIT_LLAMA3: the main pattern
+    isolate_numbers: bool = False  # cut out every \p{N} code point before the main pattern
+    number_group: int = 0  # SPLIT_LLAMA3: numbers split into runs of \p{N}{1,number_group}
+    ignore_merges: bool = False  # a word that is a token as a whole is taken as is
+    add_bos: bool = False  # BOS default when the file has no tokenizer.ggml.add_bos_token
+
+
+# Each line reproduces llama.cpp's handling of that `tokenizer.ggml.pre` value.
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {
+    "gpt-2": PreTokenizer(_bpe.SPLIT_GPT2),
+    "gpt2": PreTokenizer(_bpe.SPLIT_GPT2),
+    "smollm": PreTokenizer(_bpe.SPLIT_GPT2, isolate_numbers=True),
+    "llama-bpe": PreTokenizer(_bpe.SPLIT_LLAMA3, number_group=3, ignore_merges=True, add_bos=True),
+    "qwen2": PreTokenizer(_bpe.SPLIT_LLAMA3, number_group=1),
+}
+
+# Texts of tokens that end a turn or a document. Like llama.cpp, such a token is treated as
+# a control token even when the file marks it normal.
+END_OF_TURN_TEXTS = frozenset(
+    {
+        "<|endoftext|>",
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|end|>",
+        "<|end_of_text|>",
+        "<end_of_turn>",
+        "<end_of_utterance>",
+        "<EOT>",
+        "_<EOT>",
+        "<｜end▁of▁sentence｜>",
+    }
+)
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's byte-to-character map: printable Latin-1 bytes stand for themselves and the
+    rest are moved to U+0100 and up, so that every byte is a visible character."""
+    keep = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    chars, n = [], 0
+    for b in range(256):
+        if b in keep:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(0x100 + n))
+            n += 1
+    return chars
+
+
+BYTE_CHARS = _byte_chars()
+# byte-level text -> raw bytes, through Latin-1: each character becomes the byte it stands for
+_UNMAP = {ord(c): b for b, c in enumerate(BYTE_CHARS)}
+
+
+def _normal_piece(text: str) -> bytes:
+    try:
+        return text.translate(_UNMAP).encode("latin-1")
+    except UnicodeEncodeError:
+        # a character outside the byte map (a malformed vocabulary): keep its UTF-8
+        return b"".join(
+            bytes([_UNMAP[ord(ch)]]) if ord(ch) in _UNMAP else ch.encode("utf-8") for ch in text
+        )
+
+
+def _byte_token(text: str) -> bytes:
+    """A byte token's value, written <0xXX>."""
+    if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+        try:
+            return bytes([int(text[3:5], 16)])
+        except ValueError:
+            pass
+    return b""
+
+
+class StreamDecoder:
+    """Turns token ids into text as they arrive, a complete character at a time.
+
+    A token may end inside a multi-byte UTF-8 character; its bytes are held until the
+    character is complete, so streamed text never shows U+FFFD for a split character.
+    Bytes that can never form a character become U+FFFD at once.
+    """
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self._pieces = pieces
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, ids: int | Iterable[int]) -> str:
+        """Text completed by these ids (one id or several); may be empty."""
+        seq: Iterable[int]
+        try:
+            seq = (operator.index(ids),)  # type: ignore[arg-type]  # one int or NumPy integer
+        except TypeError:
+            seq = ids  # type: ignore[assignment]
+        pieces = self._pieces
+        data = b"".join([pieces[_check_id(i, len(pieces))] for i in seq])
+        return self._utf8.decode(data)
+
+    def flush(self) -> str:
+        """End of stream: bytes still held (an unfinished character) come out as U+FFFD."""
+        out = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        return out
+
+    @property
+    def pending(self) -> bytes:
+        """Bytes held back, waiting for the rest of their character."""
+        return self._utf8.getstate()[0]
+
+
+def _check_id(i: int, n: int) -> int:
+    if not 0 <= i < n:
+        raise ValueError(f"token id {i} is out of range for a vocabulary of {n}")
+    return i
+
+
+class Tokenizer:
+    """Byte-level BPE (`tokenizer.ggml.model = gpt2`) from a GGUF file's metadata.
+
+    >>> tok = Tokenizer.load()                  # the default model
+    >>> tok.tokenize("Hello world")
+    [19556, 905]
+    >>> tok.detokenize([19556, 905])
+    b'Hello world'
+
+    Token ids are llama.cpp's: the same pre-tokenizer, merge order and special-token
+    matching, checked against its output on the reference texts.
+    """
+
+    def __init__(self, metadata: Mapping[str, Any]) -> None:
+        model = metadata.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            if model is None:
+                raise ValueError("the GGUF metadata has no tokenizer.ggml.model: no tokenizer")
+            raise ValueError(
+                f"tokenizer.ggml.model = {model!r} is not supported: only byte-level BPE "
+                "('gpt2') is implemented so far"
+            )
+        pre_name = metadata.get("tokenizer.ggml.pre")
+        if pre_name is None:
+            raise ValueError(
+                "tokenizer.ggml.pre is missing: the pre-tokenizer is unknown, and guessing "
+                f"would give wrong ids (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+            )
+        pre = PRE_TOKENIZERS.get(pre_name)
+        if pre is None:
+            raise ValueError(
+                f"unknown pre-tokenizer tokenizer.ggml.pre = {pre_name!r} "
+                f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+            )
+        self.pre_name: str = pre_name
+        self.pre: PreTokenizer = pre
+
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        merges = metadata.get("tokenizer.ggml.merges")
+        if not tokens:
+            raise ValueError("tokenizer.ggml.tokens is missing or empty")
+        if merges is None:
+            raise ValueError("tokenizer.ggml.merges is missing: byte-level BPE needs its merges")
+        if not isinstance(tokens, list) or not isinstance(merges, list):
+            raise TypeError("tokenizer.ggml.tokens and tokenizer.ggml.merges must be string arrays")
+        n = len(tokens)
+        if len(set(tokens)) != n:
+            seen: dict[str, int] = {}
+            for i, t in enumerate(tokens):
+                if t in seen:
+                    raise ValueError(
+                        f"duplicate token {t!r} in the vocabulary: ids {seen[t]} and {i}"
+                    )
+                seen[t] = i
+        types_md = metadata.get("tokenizer.ggml.token_type")
+        if types_md is None:
+            types = [NORMAL] * n
+        else:
+            types = [int(t) for t in types_md]
+            if len(types) < n:
+                raise ValueError(
+                    f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens"
+                )
+            types = types[:n]
+        for i, t in enumerate(tokens):
+            if t in END_OF_TURN_TEXTS:
+                types[i] = CONTROL
+        self._tokens: list[str] = tokens
+        self._types: list[int] = types
+
+        self.vocab_size: int = n
+        self.bos_id: int | None = self._special_id(metadata, "bos")
+        self.eos_id: int | None = self._special_id(metadata, "eos")
+        self.unk_id: int | None = self._special_id(metadata, "unknown")
+        self.pad_id: int | None = self._special_id(metadata, "padding")
+        add_bos = metadata.get("tokenizer.ggml.add_bos_token")
+        self.add_bos: bool = pre.add_bos if add_bos is None else bool(add_bos)
+        eot = {i for i, t in enumerate(tokens) if t in END_OF_TURN_TEXTS}
+        if self.eos_id is not None:
+            eot.add(self.eos_id)
+        self.eot_ids: frozenset[int] = frozenset(eot)
+        # Bytes with no token of their own: text containing them loses them, as it does in
+        # llama.cpp (SmolLM2 lacks six C0 controls and lead bytes of unused planes).
+        vocab = set(tokens)
+        self.missing_bytes: frozenset[int] = frozenset(
+            b for b, c in enumerate(BYTE_CHARS) if c not in vocab
+        )
+
+        self._bpe = _bpe.BPE(
+            tokens,
+            merges,
+            BYTE_CHARS,
+            pre.split,
+            isolate_numbers=pre.isolate_numbers,
+            number_group=pre.number_group,
+            ignore_merges=pre.ignore_merges,
+        )
+
+        # Texts matched as single tokens before BPE: longest first, as llama.cpp does.
+        # User-defined tokens always; control and unknown ones only with special=True.
+        def specials(kinds: tuple[int, ...]) -> list[tuple[str, int]]:
+            found = [(t, i) for i, (t, k) in enumerate(zip(tokens, types)) if k in kinds and t]
+            return sorted(found, key=lambda p: (-len(p[0]), p[1]))
+
+        self._special_all = specials((CONTROL, USER_DEFINED, UNKNOWN))
+        self._special_user = specials((USER_DEFINED,))
+
+        # Bytes of each token for detokenize; control and unknown tokens render as their
+        # text only when asked to (special=True).
+        pieces: list[bytes] = []
+        plain: list[bytes] = []
+        for t, k in zip(tokens, types):
+            if k == NORMAL:
+                p = _normal_piece(t)
+                pieces.append(p)
+                plain.append(p)
+            elif k == USER_DEFINED:
+                p = t.encode("utf-8")
+                pieces.append(p)
+                plain.append(p)
+            elif k in (CONTROL, UNKNOWN):
+                pieces.append(t.encode("utf-8"))
+                plain.append(b"")
+            elif k == BYTE:
+                p = _byte_token(t)
+                pieces.append(p)
+                plain.append(p)
+            else:  # unused and undefined tokens have no text, as in llama.cpp
+                pieces.append(b"")
+                plain.append(b"")
+        self._pieces = pieces
+        self._pieces_plain = plain
+
+    @staticmethod
+    def _special_id(metadata: Mapping[str, Any], name: str) -> int | None:
+        v = metadata.get(f"tokenizer.ggml.{name}_token_id")
+        n = len(metadata["tokenizer.ggml.tokens"])
+        if v is None or not 0 <= int(v) < n:
+            return None
+        return int(v)
+
+    @classmethod
+    def load(cls, model: Any = None) -> Tokenizer:
+        """The tokenizer of a GGUF file: a path, a known model name, or None (the default)."""
+        from pyinfer.gguf import GGUFReader
+        from pyinfer.models import resolve_model
+
+        with GGUFReader(resolve_model(model)) as reader:
+            return cls(reader.metadata)
+
+    # -- encoding ---------------------------------------------------------------------------
+
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        """Token ids of `text`.
+
+        add_bos: put the BOS id first (None: the file's tokenizer.ggml.add_bos_token).
+        special: match control tokens written in the text (`<|im_start|>`) as their single
+        ids; when False they are plain text. User-defined tokens are matched either way.
+        """
+        if not isinstance(text, str):
+            raise TypeError(f"tokenize() takes a str, not {type(text).__name__}")
+        if add_bos is None:
+            add_bos = self.add_bos
+        out: list[int] = []
+        if add_bos:
+            if self.bos_id is None:
+                raise ValueError("add_bos=True, but this vocabulary has no BOS token")
+            out.append(self.bos_id)
+        specials = self._special_all if special else self._special_user
+        encode = self._bpe.encode
+        if specials:
+            for piece in _partition(text, specials):
+                if type(piece) is int:
+                    out.append(piece)
+                else:
+                    encode(piece, out)
+        else:
+            encode(text, out)
+        return out
+
+    # -- decoding ---------------------------------------------------------------------------
+
+    def detokenize(self, ids: Iterable[int], special: bool = True) -> bytes:
+        """The bytes of these tokens, concatenated: tokenize(s) decodes back to s exactly
+        (for any s without bytes in `missing_bytes`).
+
+        special=False drops control tokens (`<|im_end|>`) instead of writing their text.
+        The bytes may end inside a UTF-8 character; use decoder() to stream text.
+        """
+        pieces = self._pieces if special else self._pieces_plain
+        if not isinstance(ids, list):
+            ids = list(ids)
+        if ids and (min(ids) < 0 or max(ids) >= len(pieces)):
+            bad = next(i for i in ids if not 0 <= i < len(pieces))
+            _check_id(bad, len(pieces))
+        return b"".join([pieces[i] for i in ids])
+
+    def decoder(self, special: bool = True) -> StreamDecoder:
+        """An incremental decoder: feed it ids, get text at complete characters only."""
+        return StreamDecoder(self._pieces if special else self._pieces_plain)
+
+    def clear_cache(self) -> None:
+        """Forget the cached ids of words seen so far (memory, or a cold-start benchmark)."""
+        self._bpe.clear_cache()
+
+    def token_text(self, token_id: int) -> str:
+        """A token as stored in the vocabulary (byte-level characters, e.g. 'Ġworld')."""
+        return self._tokens[_check_id(token_id, self.vocab_size)]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for (a control token's text)."""
+        return self._pieces[_check_id(token_id, self.vocab_size)]
+
+    def is_control(self, token_id: int) -> bool:
+        """True for control tokens (BOS, EOS, <|im_start|>, ...)."""
+        return self._types[_check_id(token_id, self.vocab_size)] == CONTROL
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(gpt2/{self.pre_name}, vocab_size={self.vocab_size}, "
+            f"bos_id={self.bos_id}, eos_id={self.eos_id}, eot_ids={sorted(self.eot_ids)})"
+        )
+
+
+def _partition(text: str, specials: list[tuple[str, int]]) -> list[str | int]:
+    """Cut `text` at special-token texts, longest token first over the whole text (the
+    order llama.cpp uses), into plain-text fragments (str) and token ids (int)."""
+    frags: list[str | int] = [text]
+    for tok_text, tok_id in specials:
+        if tok_text not in text:
+            continue
+        new: list[str | int] = []
+        for f in frags:
+            if type(f) is int or tok_text not in f:
+                new.append(f)
+                continue
+            for j, part in enumerate(f.split(tok_text)):  # type: ignore[union-attr]
+                if j:
+                    new.append(tok_id)
+                if part:
+                    new.append(part)
+        frags = new
+    return frags
