@@ -4,11 +4,18 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "bandwidth.h"
 #include "cpu_features.h"
 #include "dispatch.h"
+#include "kv_cache.h"
+#include "ops.h"
+#include "matmul.h"
+#include "threadpool.h"
 
 namespace py = pybind11;
 using namespace pyinfer;
@@ -90,6 +97,356 @@ py::dict read_bandwidth(size_t n_bytes, int n_threads, int repeats) {
   return out;
 }
 
+// y[M, N] = x[M, K] @ W[N, K]^T. w is any C-contiguous array holding exactly N rows of the
+// type's GGUF encoding (raw uint8 bytes, or e.g. float16 [N, K]); nothing is copied.
+py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t n, int64_t k,
+                             const std::string& mode, int n_threads, std::optional<py::array> out,
+                             bool packed) {
+  MatmulMode md;
+  if (mode == "fast") md = MatmulMode::fast;
+  else if (mode == "exact") md = MatmulMode::exact;
+  else throw py::value_error("mode must be 'fast' or 'exact', got '" + mode + "'");
+  if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
+  const int64_t row_bytes = matmul_row_bytes(w_type, k);
+  if (row_bytes < 0)
+    throw py::value_error("matmul takes weight types F32, F16, BF16, Q8_0, Q4_0, Q4_1 with k a "
+                          "positive multiple of 32; got type id " + std::to_string(w_type) +
+                          ", k=" + std::to_string(k));
+  if (n < 1) throw py::value_error("n must be >= 1");
+  const auto c_contig = [](const py::array& a) { return (a.flags() & py::array::c_style) != 0; };
+  if (!py::isinstance<py::array_t<float>>(x) || x.ndim() != 2 || !c_contig(x) || x.shape(1) != k)
+    throw py::value_error("x must be a C-contiguous float32 array of shape (M, k=" +
+                          std::to_string(k) + ")");
+  if (packed && packed_bytes(w_type, n, k) < 0)
+    throw py::value_error("packed weights are Q8_0, Q4_0 or Q4_1 (from repack)");
+  const int64_t w_bytes = packed ? packed_bytes(w_type, n, k) : n * row_bytes;
+  if (!c_contig(w) || w.nbytes() != w_bytes)
+    throw py::value_error(std::string("w must be a C-contiguous array of exactly ") +
+                          (packed ? "repack's " : "n rows of the type: ") + std::to_string(w_bytes) +
+                          " bytes, got " + std::to_string(w.nbytes()));
+  const int64_t M = x.shape(0);
+  py::array_t<float> y;
+  if (out) {
+    if (!py::isinstance<py::array_t<float>>(*out) || out->ndim() != 2 || !c_contig(*out) ||
+        out->shape(0) != M || out->shape(1) != n || !out->writeable())
+      throw py::value_error("out must be a writeable C-contiguous float32 array of shape (M, n)");
+    y = py::reinterpret_borrow<py::array_t<float>>(*out);
+  } else {
+    y = py::array_t<float>({M, n});
+  }
+  const auto* yb = reinterpret_cast<const char*>(y.data());
+  const auto overlaps = [&](const py::array& a) {
+    const auto* ab = static_cast<const char*>(a.data());
+    return ab < yb + y.nbytes() && yb < ab + a.nbytes();
+  };
+  if (y.nbytes() > 0 && (overlaps(x) || overlaps(w)))
+    throw py::value_error("out must not overlap x or w");
+  const float* xp = static_cast<const float*>(x.data());
+  const void* wp = w.data();
+  float* yp = y.mutable_data();
+  {
+    py::gil_scoped_release release;
+    if (packed) matmul_packed(xp, M, k, wp, w_type, n, yp, md, n_threads);
+    else matmul(xp, M, k, wp, w_type, n, yp, md, n_threads);
+  }
+  return y;
+}
+
+// ---- small ops, KV cache, attention ------------------------------------------------------
+// Arrays are checked, never converted: a silent copy would hide a wrong dtype or layout and
+// make an `out=` write land in a temporary.
+
+bool is_c_f32(const py::array& a) {
+  return py::isinstance<py::array_t<float>>(a) && (a.flags() & py::array::c_style) != 0;
+}
+
+void require_f32(const py::array& a, const char* name) {
+  if (!is_c_f32(a)) throw py::value_error(std::string(name) + " must be a C-contiguous float32 array");
+}
+
+std::string shape_str(const py::array& a) {
+  std::string s = "(";
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) s += (i ? ", " : "") + std::to_string(a.shape(i));
+  return s + (a.ndim() == 1 ? ",)" : ")");
+}
+
+bool same_shape(const py::array& a, const py::array& b) {
+  if (a.ndim() != b.ndim()) return false;
+  for (py::ssize_t i = 0; i < a.ndim(); ++i)
+    if (a.shape(i) != b.shape(i)) return false;
+  return true;
+}
+
+// `out` if given (checked: float32, C-contiguous, writeable, the shape of `like`), else a new
+// array of that shape.
+py::array_t<float> out_like(const std::optional<py::array>& out, const py::array& like) {
+  if (!out) return py::array_t<float>(std::vector<py::ssize_t>(like.shape(), like.shape() + like.ndim()));
+  if (!is_c_f32(*out) || !out->writeable() || !same_shape(*out, like))
+    throw py::value_error("out must be a writeable C-contiguous float32 array of shape " + shape_str(like) +
+                          ", got " + shape_str(*out));
+  return py::reinterpret_borrow<py::array_t<float>>(*out);
+}
+
+// Rows and row length of an array whose last axis is the row (a 0-d array is refused).
+std::pair<int64_t, int64_t> rows_of(const py::array& a, const char* name) {
+  if (a.ndim() < 1 || a.shape(a.ndim() - 1) < 1)
+    throw py::value_error(std::string(name) + " must have at least one axis with a non-empty last axis");
+  const int64_t n = a.shape(a.ndim() - 1);
+  return {static_cast<int64_t>(a.size()) / n, n};
+}
+
+py::array_t<float> rms_norm_py(py::array x, py::array w, float eps, std::optional<py::array> out) {
+  require_f32(x, "x");
+  require_f32(w, "w");
+  const auto [rows, n] = rows_of(x, "x");
+  if (w.ndim() != 1 || w.shape(0) != n)
+    throw py::value_error("w must have shape (" + std::to_string(n) + ",) to match x's last axis, got " +
+                          shape_str(w));
+  if (!(eps >= 0.0f)) throw py::value_error("eps must be >= 0");
+  py::array_t<float> y = out_like(out, x);
+  const float* xp = static_cast<const float*>(x.data());
+  const float* wp = static_cast<const float*>(w.data());
+  float* yp = y.mutable_data();
+  {
+    py::gil_scoped_release release;
+    rms_norm_rows(xp, wp, yp, rows, n, eps);
+  }
+  return y;
+}
+
+py::array rope_py(py::array x, py::object pos, int64_t n_heads, int64_t head_dim, float base, bool neox) {
+  require_f32(x, "x");
+  if (!x.writeable()) throw py::value_error("x must be writeable: rope rotates it in place");
+  if (head_dim < 2 || head_dim % 2 != 0 || head_dim > kRopeMaxDim)
+    throw py::value_error("head_dim must be even and in [2, " + std::to_string(kRopeMaxDim) + "], got " +
+                          std::to_string(head_dim));
+  if (n_heads < 1) throw py::value_error("n_heads must be >= 1");
+  if (!(base > 0.0f)) throw py::value_error("base must be > 0");
+  const int64_t width = n_heads * head_dim;
+  if (x.ndim() < 1 || x.ndim() > 2 || x.shape(x.ndim() - 1) != width)
+    throw py::value_error("x must have shape (M, n_heads * head_dim = " + std::to_string(width) + ") or (" +
+                          std::to_string(width) + ",), got " + shape_str(x));
+  const int64_t m = x.ndim() == 2 ? x.shape(0) : 1;
+  std::vector<int64_t> positions(static_cast<size_t>(m));
+  if (py::isinstance<py::int_>(pos)) {
+    const int64_t p0 = pos.cast<int64_t>();
+    for (int64_t t = 0; t < m; ++t) positions[static_cast<size_t>(t)] = p0 + t;
+  } else {
+    const auto pa = py::array::ensure(pos);
+    if (!pa || pa.ndim() != 1 || pa.shape(0) != m ||
+        (pa.dtype().kind() != 'i' && pa.dtype().kind() != 'u'))
+      throw py::value_error("pos must be an int (positions pos..pos+M-1) or a 1-D integer array of M=" +
+                            std::to_string(m) + " positions");
+    const auto p64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(pa);
+    for (int64_t t = 0; t < m; ++t) positions[static_cast<size_t>(t)] = p64.at(t);
+  }
+  for (int64_t p : positions)
+    if (p < 0) throw py::value_error("positions must be >= 0, got " + std::to_string(p));
+  float* xp = static_cast<float*>(x.mutable_data());
+  {
+    py::gil_scoped_release release;
+    kernels().rope_f32(xp, m, width, n_heads, head_dim, positions.data(), base, neox);
+  }
+  return x;
+}
+
+// Elementwise out = fn(a, b) over two float32 arrays of one shape.
+template <class Fn>
+py::array_t<float> binary_py(py::array a, py::array b, std::optional<py::array> out, const char* an,
+                             const char* bn, Fn fn) {
+  require_f32(a, an);
+  require_f32(b, bn);
+  if (!same_shape(a, b))
+    throw py::value_error(std::string(an) + " and " + bn + " must have one shape, got " + shape_str(a) + " and " +
+                          shape_str(b));
+  py::array_t<float> y = out_like(out, a);
+  const float* ap = static_cast<const float*>(a.data());
+  const float* bp = static_cast<const float*>(b.data());
+  float* yp = y.mutable_data();
+  const int64_t n = a.size();
+  {
+    py::gil_scoped_release release;
+    fn(ap, bp, yp, n);
+  }
+  return y;
+}
+
+py::array_t<float> softmax_py(py::array x, std::optional<py::array> out) {
+  require_f32(x, "x");
+  const auto [rows, n] = rows_of(x, "x");
+  py::array_t<float> y = out_like(out, x);
+  const float* xp = static_cast<const float*>(x.data());
+  float* yp = y.mutable_data();
+  {
+    py::gil_scoped_release release;
+    softmax_rows(xp, yp, rows, n);
+  }
+  return y;
+}
+
+py::array_t<float> embedding_py(py::array table, uint32_t type, py::object ids, int64_t dim,
+                                std::optional<py::array> out) {
+  const int64_t row_bytes = embedding_row_bytes(type, dim);
+  if (row_bytes < 0)
+    throw py::value_error("embedding: no row kernel for type id " + std::to_string(type) + " with dim " +
+                          std::to_string(dim) + " (dim must be a positive multiple of the block size)");
+  if ((table.flags() & py::array::c_style) == 0) throw py::value_error("table must be C-contiguous");
+  if (table.nbytes() % row_bytes != 0)
+    throw py::value_error("table holds " + std::to_string(table.nbytes()) + " bytes, not a whole number of " +
+                          std::to_string(row_bytes) + "-byte rows");
+  const auto ia = py::array::ensure(ids);
+  if (!ia || ia.ndim() != 1 || (ia.size() > 0 && ia.dtype().kind() != 'i' && ia.dtype().kind() != 'u'))
+    throw py::value_error("ids must be a 1-D sequence of integers");
+  const auto id64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(ia);
+  const int64_t n_ids = id64.size();
+  py::array_t<float> y;
+  if (out) {
+    if (!is_c_f32(*out) || !out->writeable() || out->ndim() != 2 || out->shape(0) != n_ids ||
+        out->shape(1) != dim)
+      throw py::value_error("out must be a writeable C-contiguous float32 array of shape (" + std::to_string(n_ids) +
+                            ", " + std::to_string(dim) + ")");
+    y = py::reinterpret_borrow<py::array_t<float>>(*out);
+  } else {
+    y = py::array_t<float>({n_ids, dim});
+  }
+  const void* tp = table.data();
+  const int64_t* ip = id64.data();
+  float* yp = y.mutable_data();
+  const int64_t n_rows = table.nbytes() / row_bytes;
+  {
+    py::gil_scoped_release release;
+    embedding(tp, type, n_rows, dim, ip, n_ids, yp);
+  }
+  return y;
+}
+
+KvType parse_kv_dtype(const py::object& dtype) {
+  const py::dtype dt = py::dtype::from_args(dtype);
+  if (dt.is(py::dtype::of<float>())) return KV_F32;
+  if (dt.is(py::dtype("float16"))) return KV_F16;
+  throw py::value_error("KVCache dtype must be float32 or float16, got " + py::str(dt).cast<std::string>());
+}
+
+py::dtype kv_dtype(KvType t) { return t == KV_F16 ? py::dtype("float16") : py::dtype::of<float>(); }
+
+// M rows of a cache's width from a (M, width) or (width,) float32 array.
+int64_t kv_rows(const py::array& a, const char* name, int64_t width) {
+  require_f32(a, name);
+  if (a.ndim() < 1 || a.ndim() > 2 || a.shape(a.ndim() - 1) != width)
+    throw py::value_error(std::string(name) + " must have shape (M, n_head_kv * head_dim = " + std::to_string(width) +
+                          ") or (" + std::to_string(width) + ",), got " + shape_str(a));
+  return a.ndim() == 2 ? a.shape(0) : 1;
+}
+
+void kv_append_py(KVCache& c, int64_t layer, py::array k, py::array v, int64_t pos) {
+  const int64_t width = c.n_head_kv() * c.head_dim();
+  const int64_t m = kv_rows(k, "k", width);
+  if (kv_rows(v, "v", width) != m) throw py::value_error("k and v must have the same number of rows");
+  const float* kp = static_cast<const float*>(k.data());
+  const float* vp = static_cast<const float*>(v.data());
+  py::gil_scoped_release release;
+  c.append(layer, kp, width, vp, width, pos, m);
+}
+
+// A read-only view [n_head_kv, n_ctx, head_dim] of one layer's K or V that keeps the cache alive.
+py::array kv_view(py::object self, int64_t layer, bool values) {
+  const KVCache& c = self.cast<const KVCache&>();
+  (void)c.n_pos(layer);  // checks the layer
+  const void* p = values ? c.v(layer, 0) : c.k(layer, 0);
+  const auto es = static_cast<py::ssize_t>(c.elem_size());
+  py::array a(kv_dtype(c.type()), {c.n_head_kv(), c.n_ctx(), c.head_dim()},
+              {c.n_ctx() * c.head_dim() * es, c.head_dim() * es, es}, p, self);
+  a.attr("setflags")(py::arg("write") = false);
+  return a;
+}
+
+py::array_t<float> attention_py(py::array q, const KVCache& cache, int64_t layer, int64_t pos, int64_t n_head,
+                                std::optional<float> scale, int64_t window, int n_threads,
+                                std::optional<py::array> out) {
+  if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
+  if (n_head < 1) throw py::value_error("n_head must be >= 1");
+  const int64_t hd = cache.head_dim();
+  const int64_t width = n_head * hd;
+  require_f32(q, "q");
+  if (q.ndim() < 1 || q.ndim() > 2 || q.shape(q.ndim() - 1) != width)
+    throw py::value_error("q must have shape (M, n_head * head_dim = " + std::to_string(width) + ") or (" +
+                          std::to_string(width) + ",), got " + shape_str(q));
+  py::array_t<float> y = out_like(out, q);
+  const auto* yb = reinterpret_cast<const char*>(y.data());
+  const auto* qb = static_cast<const char*>(q.data());
+  if (yb < qb + q.nbytes() && qb < yb + y.nbytes()) throw py::value_error("out must not overlap q");
+  AttentionArgs a{};
+  a.q = static_cast<const float*>(q.data());
+  a.q_stride = width;
+  a.out = y.mutable_data();
+  a.out_stride = width;
+  a.cache = &cache;
+  a.layer = layer;
+  a.pos = pos;
+  a.n_q = q.ndim() == 2 ? q.shape(0) : 1;
+  a.n_head = n_head;
+  a.scale = scale ? *scale : static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  a.window = window;
+  attention_check(a);  // throws std::invalid_argument -> ValueError, with the GIL held
+  {
+    py::gil_scoped_release release;
+    attention(a, n_threads);
+  }
+  return y;
+}
+
+// The 16-row interleaved layout of Q8_0/Q4_0/Q4_1 weights (repack16) and back (unpack16).
+py::array_t<uint8_t> repack_py(py::array w, uint32_t w_type, int64_t n, int64_t k) {
+  const int64_t total = packed_bytes(w_type, n, k);
+  if (total < 0 || n < 1)
+    throw py::value_error("repack takes Q8_0, Q4_0 or Q4_1 weights, n >= 1, k a positive multiple of 32");
+  if (!(w.flags() & py::array::c_style) || w.nbytes() != n * matmul_row_bytes(w_type, k))
+    throw py::value_error("w must be a C-contiguous array of exactly n rows of the type");
+  py::array_t<uint8_t> out(total);
+  const void* src = w.data();
+  void* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    repack16(src, w_type, n, k, dst);
+  }
+  return out;
+}
+
+py::array_t<uint8_t> unpack_py(py::array packed, uint32_t w_type, int64_t n, int64_t k) {
+  const int64_t total = packed_bytes(w_type, n, k);
+  if (total < 0 || n < 1)
+    throw py::value_error("unpack takes Q8_0, Q4_0 or Q4_1 weights, n >= 1, k a positive multiple of 32");
+  if (!(packed.flags() & py::array::c_style) || packed.nbytes() != total)
+    throw py::value_error("packed must be a C-contiguous array of " + std::to_string(total) + " bytes");
+  py::array_t<uint8_t> out(n * matmul_row_bytes(w_type, k));
+  const void* src = packed.data();
+  void* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    unpack16(src, w_type, n, k, dst);
+  }
+  return out;
+}
+
+py::tuple quantize_activations_py(py::array x) {
+  if (!py::isinstance<py::array_t<float>>(x) || x.ndim() != 2 || !(x.flags() & py::array::c_style) ||
+      x.shape(1) % 32 != 0 || x.shape(1) == 0)
+    throw py::value_error("x must be a C-contiguous float32 array of shape (M, K), K a multiple of 32");
+  const int64_t M = x.shape(0), K = x.shape(1);
+  py::array_t<int8_t> q({M, K});
+  py::array_t<float> d({M, K / 32});
+  py::array_t<int32_t> sum({M, K / 32});
+  const float* xp = static_cast<const float*>(x.data());
+  int8_t* qp = q.mutable_data();
+  float* dp = d.mutable_data();
+  int32_t* sp = sum.mutable_data();
+  {
+    py::gil_scoped_release release;
+    quantize_activations(xp, M, K, qp, dp, sp);
+  }
+  return py::make_tuple(q, d, sum);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -106,4 +463,81 @@ PYBIND11_MODULE(_C, m) {
   m.def("read_bandwidth", &read_bandwidth, py::arg("n_bytes") = size_t(512) << 20,
         py::arg("n_threads") = 1, py::arg("repeats") = 10,
         "Time `repeats` passes reading an n_bytes array with n_threads threads.");
+  m.def("matmul", &matmul_py, py::arg("x"), py::arg("w"), py::arg("w_type"), py::arg("n"),
+        py::arg("k"), py::kw_only(), py::arg("mode") = "fast", py::arg("n_threads") = 1,
+        py::arg("out") = py::none(), py::arg("packed") = false,
+        "y[M, n] = x[M, k] @ W[n, k]^T for W of a GGUF type id (F32, F16, BF16, Q8_0, Q4_0, Q4_1) "
+        "as stored; mode 'fast' (int8 activations, integer dots) or 'exact' (float32).");
+  m.def("repack", &repack_py, py::arg("w"), py::arg("w_type"), py::arg("n"), py::arg("k"),
+        "Q8_0/Q4_0/Q4_1 weights of n rows -> the 16-row interleaved layout matmul(packed=True) "
+        "takes (n padded to a multiple of 16).");
+  m.def("unpack", &unpack_py, py::arg("packed"), py::arg("w_type"), py::arg("n"), py::arg("k"),
+        "The inverse of repack: the n rows' blocks as stored in GGUF.");
+  m.def("quantize_activations", &quantize_activations_py, py::arg("x"),
+        "Fast-mode activation quantization of x[M, K]: (q int8 [M, K], d float32 [M, K/32], "
+        "sum int32 [M, K/32]).");
+  m.def("pool_size", [] { return pool_size(); },
+        "Threads a kernel call can use without growing the pool (workers + the caller).");
+  m.def("set_pool_size", [](int n_threads) {
+          if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
+          py::gil_scoped_release release;
+          pool_resize(n_threads);
+        }, py::arg("n_threads"),
+        "Start or stop workers so the pool serves n_threads threads (the caller included).");
+
+  // ---- small ops, KV cache, attention
+  m.def("rms_norm", &rms_norm_py, py::arg("x"), py::arg("w"), py::arg("eps"), py::arg("out") = py::none(),
+        "out = x / sqrt(mean(x^2, last axis) + eps) * w for float32 x[..., n], w[n]; out may be x.");
+  m.def("rope", &rope_py, py::arg("x"), py::arg("pos"), py::arg("n_heads"), py::arg("head_dim"),
+        py::arg("base"), py::arg("neox") = false,
+        "Rotate x[M, n_heads * head_dim] (float32) in place for positions pos..pos+M-1 (pos an int) "
+        "or pos[t] (an integer array); adjacent pairs (llama.cpp's normal mode) or, with neox, "
+        "(i, i + head_dim/2). Returns x.");
+  m.def("swiglu",
+        [](py::array gate, py::array up, std::optional<py::array> out) {
+          return binary_py(gate, up, out, "gate", "up", kernels().swiglu_f32);
+        },
+        py::arg("gate"), py::arg("up"), py::arg("out") = py::none(),
+        "out = silu(gate) * up, elementwise over float32 arrays of one shape.");
+  m.def("add",
+        [](py::array a, py::array b, std::optional<py::array> out) {
+          return binary_py(a, b, out, "a", "b", kernels().add_f32);
+        },
+        py::arg("a"), py::arg("b"), py::arg("out") = py::none(),
+        "out = a + b (the residual add), elementwise over float32 arrays of one shape.");
+  m.def("softmax", &softmax_py, py::arg("x"), py::arg("out") = py::none(),
+        "Softmax over the last axis of a float32 array; out may be x.");
+  m.def("embedding", &embedding_py, py::arg("table"), py::arg("type"), py::arg("ids"), py::arg("dim"),
+        py::arg("out") = py::none(),
+        "Rows `ids` of a table of dim-element rows of a GGUF type id (raw bytes as stored, e.g. "
+        "Q8_0, F16, F32), as float32 [len(ids), dim].");
+  py::class_<KVCache>(m, "KVCache",
+                      "Per-sequence K/V cache, float32 or float16, stored [n_layer][n_head_kv][n_ctx][head_dim].")
+      .def(py::init([](int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, py::object dtype) {
+             return new KVCache(n_layer, n_head_kv, head_dim, n_ctx, parse_kv_dtype(dtype));
+           }),
+           py::arg("n_layer"), py::arg("n_head_kv"), py::arg("head_dim"), py::arg("n_ctx"),
+           py::arg("dtype") = "float32")
+      .def("append", &kv_append_py, py::arg("layer"), py::arg("k"), py::arg("v"), py::arg("pos"),
+           "Write K (already rotated) and V, float32 [M, n_head_kv * head_dim], at positions pos..pos+M-1; "
+           "pos must be <= n_pos(layer) and pos + M <= n_ctx.")
+      .def("keys", [](py::object self, int64_t layer) { return kv_view(self, layer, false); }, py::arg("layer"),
+           "Read-only view [n_head_kv, n_ctx, head_dim] of one layer's keys.")
+      .def("values", [](py::object self, int64_t layer) { return kv_view(self, layer, true); },
+           py::arg("layer"),
+           "Read-only view [n_head_kv, n_ctx, head_dim] of one layer's values.")
+      .def("n_pos", &KVCache::n_pos, py::arg("layer"), "Positions a layer holds.")
+      .def("clear", &KVCache::clear, "Forget every position of every layer.")
+      .def_property_readonly("n_layer", &KVCache::n_layer)
+      .def_property_readonly("n_head_kv", &KVCache::n_head_kv)
+      .def_property_readonly("head_dim", &KVCache::head_dim)
+      .def_property_readonly("n_ctx", &KVCache::n_ctx)
+      .def_property_readonly("nbytes", &KVCache::nbytes)
+      .def_property_readonly("dtype", [](const KVCache& c) { return kv_dtype(c.type()); });
+  m.def("attention", &attention_py, py::arg("q"), py::arg("cache"), py::arg("layer"), py::arg("pos"),
+        py::arg("n_head"), py::arg("scale") = py::none(), py::arg("window") = 0, py::arg("n_threads") = 1,
+        py::arg("out") = py::none(),
+        "Causal grouped-query attention of q[M, n_head * head_dim] (float32) at positions pos..pos+M-1 "
+        "against the cache's layer (which must hold them); scale defaults to 1/sqrt(head_dim); window > 0 "
+        "limits each query to its last `window` keys. Returns [M, n_head * head_dim].");
 }

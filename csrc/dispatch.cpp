@@ -59,11 +59,21 @@ KernelTable make_table(Isa isa) {
   t.isa = isa;
   // Every table starts from the scalar kernels, so a type without a SIMD variant still works.
   fill_kernels_scalar(t);
+  fill_ops_scalar(t);
+  fill_matmul_scalar(t);
 #if PYINFER_X86
-  if (isa == Isa::avx2) fill_kernels_avx2(t);
+  if (isa == Isa::avx2) {
+    fill_kernels_avx2(t);
+    fill_ops_avx2(t);
+    fill_matmul_avx2(t);
+  }
   if (isa == Isa::avx512) {
     fill_kernels_avx2(t);
+    fill_ops_avx2(t);
+    fill_matmul_avx2(t);
     fill_kernels_avx512(t);
+    fill_ops_avx512(t);
+    fill_matmul_avx512(t);
   }
 #endif
   t.isa = isa;

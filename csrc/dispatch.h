@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/q8_act.h"
 #include "quant_blocks.h"
 
 namespace pyinfer {
@@ -17,17 +18,75 @@ using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
 // byte, so the loads cannot be elided: the inner loop of the bandwidth probe.
 using ReadSumFn = uint64_t (*)(const void* src, size_t n_bytes);
 
+// ---- small ops and attention (kernels/ref/ops_ref.cpp, kernels/x86/ops_*.cpp) ----
+// out[n] = x[n] / sqrt(mean(x^2) + eps) * w[n]; out may be x.
+using RmsNormFn = void (*)(const float* x, const float* w, float* out, int64_t n, float eps);
+// In place, x[n_rows][row_stride] holding n_heads heads of head_dim (even, <= kRopeMaxDim)
+// each: row r rotated for position pos[r], theta_i = pos * base^(-2i/head_dim). Pairs are
+// (2i, 2i+1) (llama.cpp's normal mode, what llama-arch GGUFs expect) or, with neox,
+// (i, i + head_dim/2).
+using RopeFn = void (*)(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads,
+                        int64_t head_dim, const int64_t* pos, float base, bool neox);
+// out[n] = silu(gate) * up; out may alias either input.
+using SwigluFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
+// out[n] = a + b; out may alias either input.
+using AddFn = void (*)(const float* a, const float* b, float* out, int64_t n);
+// out[n] = softmax(x[n]); out may be x.
+using SoftmaxFn = void (*)(const float* x, float* out, int64_t n);
+// dst[n] = fp16 of src[n], rounded to nearest even.
+using F32ToF16Fn = void (*)(const float* src, fp16_t* dst, int64_t n);
+// One query row of one head against n_kv cached positions (element type by table slot):
+// out[head_dim] = softmax(scale * K q) V, with K, V [n_kv][head_dim] contiguous and
+// scores [n_kv] scratch. n_kv >= 1.
+using AttnRowFn = void (*)(const float* q, const void* k, const void* v, int64_t n_kv,
+                           int64_t head_dim, float scale, float* scores, float* out);
+constexpr int64_t kRopeMaxDim = 1024;
+enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_TYPE_SLOTS = 2 };
+
+// Matmul row kernels, y[m*ldy + n] = sum_k x[m, k] * W[n, k] for m < M and n < n_rows: w
+// points at the first of n_rows weight rows of w_row_bytes each (blocks as stored in GGUF),
+// y at the output column of that row. K is a multiple of 32.
+// Exact mode: float32 activations x[M, K] (row stride K), float32 accumulation.
+using MatmulExactFn = void (*)(const void* w, int64_t w_row_bytes, const float* x, int64_t M,
+                               int64_t K, int64_t n_rows, float* y, int64_t ldy);
+// Fast mode: activations quantized to xq[M, K/32] (see q8_act.h), integer dot products.
+using MatmulFastFn = void (*)(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M,
+                              int64_t K, int64_t n_rows, float* y, int64_t ldy);
+// Quantize k floats (a multiple of 32) to k/32 activation blocks.
+using QuantizeActFn = void (*)(const float* x, block_q8a* dst, int64_t k);
+
 struct KernelTable {
   Isa isa;
   DequantRowFn dequant_row[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel
   ReadSumFn read_sum;
+  RmsNormFn rms_norm_f32;
+  RopeFn rope_f32;
+  SwigluFn swiglu_f32;
+  AddFn add_f32;
+  SoftmaxFn softmax_f32;
+  F32ToF16Fn f32_to_f16;
+  AttnRowFn attn_row[KV_TYPE_SLOTS];  // by KvType
+  // Matmul (matmul.cpp drives them). A type without an exact kernel is dequantized a few
+  // rows at a time and multiplied by matmul_exact[GGML_F32].
+  MatmulExactFn matmul_exact[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel
+  MatmulFastFn matmul_fast[GGML_TYPE_SLOTS];
+  // The same on weights in the 16-row interleaved layout (kernels/packed16.h): w points at
+  // the group holding the first row; w_row_bytes is the row size as stored in GGUF.
+  MatmulFastFn matmul_fast_packed[GGML_TYPE_SLOTS];
+  QuantizeActFn quantize_act;
 };
 
 // One table per compiled ISA; each is defined in that ISA's files.
 void fill_kernels_scalar(KernelTable& t);
+void fill_ops_scalar(KernelTable& t);  // the small ops and attention
+void fill_matmul_scalar(KernelTable& t);  // matmul and activation quantization
 #if PYINFER_X86
 void fill_kernels_avx2(KernelTable& t);
 void fill_kernels_avx512(KernelTable& t);
+void fill_ops_avx2(KernelTable& t);
+void fill_ops_avx512(KernelTable& t);
+void fill_matmul_avx2(KernelTable& t);
+void fill_matmul_avx512(KernelTable& t);
 #endif
 
 // The table in use: the best the CPU supports, or PYINFER_ISA, or set_isa().

@@ -1,5 +1,6 @@
 """Type stub for pyinfer._C, the C++ kernels (tests check it names exactly what the module has)."""
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -19,3 +20,145 @@ def dequantize(type: int, raw: npt.NDArray[np.uint8], n: int) -> npt.NDArray[np.
 
 def read_bandwidth(n_bytes: int = ..., n_threads: int = 1, repeats: int = 10) -> dict[str, Any]:
     """Time `repeats` passes reading an n_bytes array with n_threads threads."""
+
+def matmul(
+    x: npt.NDArray[np.float32],
+    w: npt.NDArray[Any],
+    w_type: int,
+    n: int,
+    k: int,
+    *,
+    mode: str = "fast",
+    n_threads: int = 1,
+    out: npt.NDArray[np.float32] | None = None,
+    packed: bool = False,
+) -> npt.NDArray[np.float32]:
+    """y[M, n] = x[M, k] @ W[n, k]^T, W of a GGUF type id (F32, F16, BF16, Q8_0, Q4_0, Q4_1)
+    given as its raw bytes or any C-contiguous array of exactly n rows; no copies, GIL released.
+
+    mode "fast": activations quantized per 32-block to int8, integer dot products (for F32,
+    F16 and BF16 weights the same as "exact"); "exact": float32 activations and accumulation.
+    Any n_threads gives the same bits; the pool grows to n_threads if needed. packed=True
+    takes W in repack's layout (Q8_0, Q4_0, Q4_1) and gives the same result as unpacked."""
+
+def repack(w: npt.NDArray[Any], w_type: int, n: int, k: int) -> npt.NDArray[np.uint8]:
+    """Q8_0/Q4_0/Q4_1 weights of n rows -> the 16-row interleaved layout matmul(packed=True)
+    takes (n padded to a multiple of 16)."""
+
+def unpack(packed: npt.NDArray[np.uint8], w_type: int, n: int, k: int) -> npt.NDArray[np.uint8]:
+    """The inverse of repack: the n rows' blocks as stored in GGUF."""
+
+def quantize_activations(
+    x: npt.NDArray[np.float32],
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32], npt.NDArray[np.int32]]:
+    """Fast-mode activation quantization of x[M, K] (K a multiple of 32): per 32-block
+    q = round_half_even(x * 127 / amax), d = amax / 127 and the block sum of q."""
+
+def pool_size() -> int:
+    """Threads a kernel call can use without growing the pool (workers + the caller)."""
+
+def set_pool_size(n_threads: int) -> None:
+    """Start or stop workers so the pool serves n_threads threads (the caller included)."""
+
+# ---- small ops, KV cache, attention (float32 activations; arrays are checked, never copied)
+
+def rms_norm(
+    x: npt.NDArray[np.float32],
+    w: npt.NDArray[np.float32],
+    eps: float,
+    out: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """out = x / sqrt(mean(x^2, last axis) + eps) * w for x[..., n], w[n]; out may be x."""
+
+def rope(
+    x: npt.NDArray[np.float32],
+    pos: int | npt.NDArray[np.integer[Any]],
+    n_heads: int,
+    head_dim: int,
+    base: float,
+    neox: bool = False,
+) -> npt.NDArray[np.float32]:
+    """Rotate x[M, n_heads * head_dim] in place for positions pos..pos+M-1 (pos an int) or
+    pos[t] (an integer array); adjacent pairs (llama.cpp's normal mode, what llama-arch GGUFs
+    expect) or, with neox, (i, i + head_dim/2). theta_i = pos * base^(-2i/head_dim). Returns x."""
+
+def swiglu(
+    gate: npt.NDArray[np.float32],
+    up: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """out = silu(gate) * up, elementwise over arrays of one shape; out may alias an input."""
+
+def add(
+    a: npt.NDArray[np.float32],
+    b: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """out = a + b (the residual add), elementwise over arrays of one shape."""
+
+def softmax(
+    x: npt.NDArray[np.float32], out: npt.NDArray[np.float32] | None = None
+) -> npt.NDArray[np.float32]:
+    """Softmax over the last axis; out may be x."""
+
+def embedding(
+    table: npt.NDArray[Any],
+    type: int,
+    ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+    dim: int,
+    out: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """Rows `ids` of a table of dim-element rows of a GGUF type id (its bytes as stored: Q8_0,
+    F16, F32, or any type with a dequantization kernel) as float32 [len(ids), dim]."""
+
+class KVCache:
+    """Per-sequence K/V cache, float32 or float16, stored [n_layer][n_head_kv][n_ctx][head_dim].
+
+    Not safe to append to from one thread while another reads the same cache."""
+
+    n_layer: int
+    n_head_kv: int
+    head_dim: int
+    n_ctx: int
+    nbytes: int
+    dtype: np.dtype[Any]
+
+    def __init__(
+        self, n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int, dtype: Any = "float32"
+    ) -> None:
+        """Zeroed storage for n_ctx positions; dtype float32 or float16."""
+
+    def append(
+        self, layer: int, k: npt.NDArray[np.float32], v: npt.NDArray[np.float32], pos: int
+    ) -> None:
+        """Write K (already rotated) and V, [M, n_head_kv * head_dim], at positions
+        pos..pos+M-1 (rounded to nearest even for float16). pos <= n_pos(layer) and
+        pos + M <= n_ctx, else ValueError; positions after pos + M are dropped."""
+
+    def keys(self, layer: int) -> npt.NDArray[Any]:
+        """Read-only view [n_head_kv, n_ctx, head_dim] of one layer's keys."""
+
+    def values(self, layer: int) -> npt.NDArray[Any]:
+        """Read-only view [n_head_kv, n_ctx, head_dim] of one layer's values."""
+
+    def n_pos(self, layer: int) -> int:
+        """Positions a layer holds."""
+
+    def clear(self) -> None:
+        """Forget every position of every layer."""
+
+def attention(
+    q: npt.NDArray[np.float32],
+    cache: KVCache,
+    layer: int,
+    pos: int,
+    n_head: int,
+    scale: float | None = None,
+    window: int = 0,
+    n_threads: int = 1,
+    out: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """Causal grouped-query attention of q[M, n_head * head_dim] at positions pos..pos+M-1
+    against the cache's layer, which must already hold them. Query head h reads KV head
+    h // (n_head / n_head_kv); scale defaults to 1/sqrt(head_dim); window > 0 limits each query
+    to its last `window` keys. Any n_threads gives the same bits. Returns [M, n_head * head_dim]."""

@@ -15,25 +15,60 @@ STUB = Path(pyinfer.__file__).with_name("_C.pyi")
 
 def stub_functions() -> dict[str, list[str]]:
     tree = ast.parse(STUB.read_text())
+    # Keyword-only parameters follow a '*', as in pybind11's signature line.
     return {
         node.name: [a.arg for a in node.args.args]
+        + (["*"] + [a.arg for a in node.args.kwonlyargs] if node.args.kwonlyargs else [])
         for node in tree.body
         if isinstance(node, ast.FunctionDef)
     }
 
 
-def module_functions() -> dict[str, list[str]]:
+def parse_params(name: str, doc: str | None) -> list[str]:
+    """Parameter names from pybind11's docstring signature line: name(a: T, b: T = ...) -> R."""
+    first = (doc or "").splitlines()[0]
+    m = re.match(rf"{name}\((.*)\)\s*->", first)
+    assert m, f"no signature in the docstring of {name}: {first!r}"
+    return [p.split(":")[0].strip() for p in re.split(r",\s*(?![^\[]*\])", m.group(1)) if p.strip()]
+
+
+def stub_classes() -> dict[str, dict[str, list[str]]]:
+    tree = ast.parse(STUB.read_text())
+    return {
+        node.name: {
+            f.name: [a.arg for a in f.args.args]
+            for f in node.body
+            if isinstance(f, ast.FunctionDef)
+        }
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+    }
+
+
+def module_classes() -> dict[str, dict[str, list[str]]]:
     out = {}
-    for name, obj in vars(_C).items():
-        if name.startswith("_") or not callable(obj):
+    for name, cls in vars(_C).items():
+        if name.startswith("_") or not isinstance(cls, type):
             continue
-        # pybind11 puts the signature on the docstring's first line: name(a: T, b: T = ...) -> R
-        first = (obj.__doc__ or "").splitlines()[0]
-        m = re.match(rf"{name}\((.*)\)\s*->", first)
-        assert m, f"no signature in the docstring of _C.{name}: {first!r}"
-        params = [p.split(":")[0].strip() for p in re.split(r",\s*(?![^\[]*\])", m.group(1)) if p.strip()]
-        out[name] = params
+        methods = {}
+        for attr, obj in vars(cls).items():
+            if (attr.startswith("_") and attr != "__init__") or not callable(obj):
+                continue
+            methods[attr] = parse_params(attr, obj.__doc__)
+        out[name] = methods
     return out
+
+
+def module_functions() -> dict[str, list[str]]:
+    return {
+        name: parse_params(name, obj.__doc__)
+        for name, obj in vars(_C).items()
+        if not name.startswith("_") and callable(obj) and not isinstance(obj, type)
+    }
+
+
+def test_stub_classes_match_module():
+    assert stub_classes() == module_classes()
 
 
 def test_stub_exists_and_is_installed():

@@ -1,0 +1,34 @@
+// packed16.h: the 16-row interleaved weight layout of Q8_0, Q4_0 and Q4_1 for the fast GEMV.
+//
+// Rows are taken 16 at a time (N is padded with zero rows to a multiple of 16). For each
+// block index b of a group, the 16 rows' blocks are stored together, in the same number of
+// bytes as the 16 blocks as stored in GGUF (16 * block bytes):
+//   d[16]   fp16 scales, row r at 2r;
+//   m[16]   fp16 mins (Q4_1 only);
+//   quants  in 4-byte columns: column c (c = 0..3 for Q4, 0..7 for Q8_0) holds bytes
+//           4c..4c+3 of each row's quants, row r at 4r: 64 bytes, one zmm, whose int32 lane r
+//           belongs to row r. Q4 bytes keep their nibbles (low: element j, high: j + 16);
+//           Q8_0 bytes are stored as q + 128 (unsigned), the operand order of vpdpbusd.
+// So one broadcast of 4 activation bytes feeds a dot product step of 16 rows at once, and a
+// block's 16 scales convert with one instruction.
+#pragma once
+#include <cstdint>
+
+#include "quant_blocks.h"
+
+namespace pyinfer {
+
+constexpr int kPackRows = 16;
+
+// Bytes of one block (of 32 elements) of one row, for the packable types; 0 otherwise.
+static inline int packed_block_bytes(uint32_t type) {
+  return type == GGML_Q8_0 ? 34 : type == GGML_Q4_0 ? 18 : type == GGML_Q4_1 ? 20 : 0;
+}
+// Offset of the quants in a 16-row group-block: after the scales (and mins).
+static inline int packed_quants_offset(uint32_t type) { return type == GGML_Q4_1 ? 64 : 32; }
+// Offset in a group-block of quant byte j (0..15 for Q4, 0..31 for Q8_0) of row r.
+static inline int packed_quant_byte(uint32_t type, int r, int j) {
+  return packed_quants_offset(type) + (j / 4) * 64 + r * 4 + j % 4;
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,195 @@
+// matmul_ref.cpp: scalar matmul kernels and activation quantization, the executable spec.
+//
+// Exact mode multiplies float32 activations by the weights in float32. Fast mode quantizes
+// the activations (q8_act.h) and takes each 32-block's dot product in integers, exactly; per
+// output element it then sums, in float32, (d_w * d_x) * isum over the blocks (and for Q4_1
+// m_w * (d_x * sum_x) in a second sum added at the end). SIMD paths compute the same integers
+// and products but may add them in another order.
+#include <cmath>
+
+#include "dispatch.h"
+#include "half.h"
+#include "kernels/kquant_scales.h"
+#include "kernels/packed16.h"
+
+namespace pyinfer {
+namespace {
+
+// ---- activation quantization -----------------------------------------------------------
+
+void quantize_act_ref(const float* x, block_q8a* dst, int64_t k) {
+  for (int64_t ib = 0; ib < k / QK8_A; ++ib, x += QK8_A) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK8_A; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int j = 0; j < QK8_A; ++j) {
+      // Round half to even, as the SIMD conversions do in the default rounding mode.
+      const int q = static_cast<int>(std::nearbyint(x[j] * id));
+      dst[ib].qs[j] = static_cast<int8_t>(q);
+      sum += q;
+    }
+    dst[ib].d = amax / 127.0f;
+    dst[ib].sum = sum;
+  }
+}
+
+// ---- exact mode: float weights ---------------------------------------------------------
+
+// One weight element of a plain float row, by type.
+inline float load_f32(const void* row, int64_t k) { return static_cast<const float*>(row)[k]; }
+inline float load_f16(const void* row, int64_t k) {
+  return fp16_to_f32(load_u16_le(static_cast<const uint8_t*>(row) + 2 * k));
+}
+inline float load_bf16(const void* row, int64_t k) {
+  return bf16_to_f32(load_u16_le(static_cast<const uint8_t*>(row) + 2 * k));
+}
+
+// w: n_rows rows of K elements, w_row_bytes apart; x: [M, K]; y: [M, ldy].
+#define PYINFER_EXACT_REF(NAME, LOAD)                                                          \
+  void NAME(const void* w, int64_t w_row_bytes, const float* x, int64_t M, int64_t K,          \
+            int64_t n_rows, float* y, int64_t ldy) {                                           \
+    for (int64_t n = 0; n < n_rows; ++n) {                                                     \
+      const void* row = static_cast<const uint8_t*>(w) + n * w_row_bytes;                      \
+      for (int64_t m = 0; m < M; ++m) {                                                        \
+        const float* xm = x + m * K;                                                           \
+        float acc = 0.0f;                                                                      \
+        for (int64_t k = 0; k < K; ++k) acc += xm[k] * LOAD(row, k);                           \
+        y[m * ldy + n] = acc;                                                                  \
+      }                                                                                        \
+    }                                                                                          \
+  }
+PYINFER_EXACT_REF(matmul_f32_f32_ref, load_f32)
+PYINFER_EXACT_REF(matmul_f16_f32_ref, load_f16)
+PYINFER_EXACT_REF(matmul_bf16_f32_ref, load_bf16)
+#undef PYINFER_EXACT_REF
+
+// ---- fast mode: integer dot products per block ---------------------------------------------
+
+void matmul_q8_0_q8_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M,
+                        int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const int64_t nb = K / QK8_0;
+  for (int64_t n = 0; n < n_rows; ++n) {
+    const auto* wb = reinterpret_cast<const block_q8_0*>(static_cast<const uint8_t*>(w) + n * w_row_bytes);
+    for (int64_t m = 0; m < M; ++m) {
+      const block_q8a* xb = xq + m * nb;
+      float acc = 0.0f;
+      for (int64_t ib = 0; ib < nb; ++ib) {
+        int32_t isum = 0;
+        for (int j = 0; j < QK8_0; ++j) isum += wb[ib].qs[j] * xb[ib].qs[j];
+        acc += (fp16_to_f32(load_u16_le(&wb[ib].d)) * xb[ib].d) * static_cast<float>(isum);
+      }
+      y[m * ldy + n] = acc;
+    }
+  }
+}
+
+void matmul_q4_0_q8_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M,
+                        int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const int64_t nb = K / QK4_0;
+  for (int64_t n = 0; n < n_rows; ++n) {
+    const auto* wb = reinterpret_cast<const block_q4_0*>(static_cast<const uint8_t*>(w) + n * w_row_bytes);
+    for (int64_t m = 0; m < M; ++m) {
+      const block_q8a* xb = xq + m * nb;
+      float acc = 0.0f;
+      for (int64_t ib = 0; ib < nb; ++ib) {
+        int32_t isum = 0;
+        for (int j = 0; j < QK4_0 / 2; ++j) {
+          isum += ((wb[ib].qs[j] & 0x0f) - 8) * xb[ib].qs[j];
+          isum += ((wb[ib].qs[j] >> 4) - 8) * xb[ib].qs[j + QK4_0 / 2];
+        }
+        acc += (fp16_to_f32(load_u16_le(&wb[ib].d)) * xb[ib].d) * static_cast<float>(isum);
+      }
+      y[m * ldy + n] = acc;
+    }
+  }
+}
+
+void matmul_q4_1_q8_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M,
+                        int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const int64_t nb = K / QK4_1;
+  for (int64_t n = 0; n < n_rows; ++n) {
+    const auto* wb = reinterpret_cast<const block_q4_1*>(static_cast<const uint8_t*>(w) + n * w_row_bytes);
+    for (int64_t m = 0; m < M; ++m) {
+      const block_q8a* xb = xq + m * nb;
+      float acc = 0.0f, acc_min = 0.0f;
+      for (int64_t ib = 0; ib < nb; ++ib) {
+        int32_t isum = 0;
+        for (int j = 0; j < QK4_1 / 2; ++j) {
+          isum += (wb[ib].qs[j] & 0x0f) * xb[ib].qs[j];
+          isum += (wb[ib].qs[j] >> 4) * xb[ib].qs[j + QK4_1 / 2];
+        }
+        acc += (fp16_to_f32(load_u16_le(&wb[ib].d)) * xb[ib].d) * static_cast<float>(isum);
+        acc_min += fp16_to_f32(load_u16_le(&wb[ib].m)) * (xb[ib].d * static_cast<float>(xb[ib].sum));
+      }
+      y[m * ldy + n] = acc + acc_min;
+    }
+  }
+}
+
+// ---- fast mode on 16-row interleaved weights ------------------------------------------------
+
+// The same arithmetic as the kernels above, element for element, so results are identical.
+inline void fast_packed_ref(uint32_t type, const void* w, int64_t w_row_bytes, const block_q8a* xq,
+                            int64_t M, int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const int64_t nb = K / QK8_A;
+  const int bb = packed_block_bytes(type);
+  const int nq = type == GGML_Q8_0 ? 32 : 16;  // quant bytes per row and block
+  const int64_t group_bytes = kPackRows * w_row_bytes;
+  for (int64_t n = 0; n < n_rows; ++n) {
+    const auto* group = static_cast<const uint8_t*>(w) + (n / kPackRows) * group_bytes;
+    const int r = static_cast<int>(n % kPackRows);
+    for (int64_t m = 0; m < M; ++m) {
+      const block_q8a* xb = xq + m * nb;
+      float acc = 0.0f, acc_min = 0.0f;
+      for (int64_t ib = 0; ib < nb; ++ib) {
+        const uint8_t* gb = group + ib * kPackRows * bb;
+        int32_t isum = 0;
+        for (int j = 0; j < nq; ++j) {
+          const uint8_t q = gb[packed_quant_byte(type, r, j)];
+          if (type == GGML_Q8_0) {
+            isum += (q - 128) * xb[ib].qs[j];
+          } else {
+            const int off = type == GGML_Q4_0 ? 8 : 0;
+            isum += ((q & 0x0f) - off) * xb[ib].qs[j];
+            isum += ((q >> 4) - off) * xb[ib].qs[j + 16];
+          }
+        }
+        acc += (fp16_to_f32(load_u16_le(gb + 2 * r)) * xb[ib].d) * static_cast<float>(isum);
+        if (type == GGML_Q4_1)
+          acc_min += fp16_to_f32(load_u16_le(gb + 32 + 2 * r)) * (xb[ib].d * static_cast<float>(xb[ib].sum));
+      }
+      y[m * ldy + n] = type == GGML_Q4_1 ? acc + acc_min : acc;
+    }
+  }
+}
+
+void matmul_q8_0_q8_packed_ref(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                               int64_t n_rows, float* y, int64_t ldy) {
+  fast_packed_ref(GGML_Q8_0, w, rb, xq, M, K, n_rows, y, ldy);
+}
+void matmul_q4_0_q8_packed_ref(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                               int64_t n_rows, float* y, int64_t ldy) {
+  fast_packed_ref(GGML_Q4_0, w, rb, xq, M, K, n_rows, y, ldy);
+}
+void matmul_q4_1_q8_packed_ref(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                               int64_t n_rows, float* y, int64_t ldy) {
+  fast_packed_ref(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
+}
+
+}  // namespace
+
+void fill_matmul_scalar(KernelTable& t) {
+  t.quantize_act = quantize_act_ref;
+  t.matmul_exact[GGML_F32] = matmul_f32_f32_ref;
+  t.matmul_exact[GGML_F16] = matmul_f16_f32_ref;
+  t.matmul_exact[GGML_BF16] = matmul_bf16_f32_ref;
+  t.matmul_fast[GGML_Q8_0] = matmul_q8_0_q8_ref;
+  t.matmul_fast[GGML_Q4_0] = matmul_q4_0_q8_ref;
+  t.matmul_fast[GGML_Q4_1] = matmul_q4_1_q8_ref;
+  t.matmul_fast_packed[GGML_Q8_0] = matmul_q8_0_q8_packed_ref;
+  t.matmul_fast_packed[GGML_Q4_0] = matmul_q4_0_q8_packed_ref;
+  t.matmul_fast_packed[GGML_Q4_1] = matmul_q4_1_q8_packed_ref;
+}
+
+}  // namespace pyinfer

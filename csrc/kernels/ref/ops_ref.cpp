@@ -1,0 +1,113 @@
+// ops_ref.cpp: scalar RMSNorm, RoPE, SwiGLU, add, softmax, fp16 conversion and the attention
+// row kernel: the executable spec of the SIMD variants in kernels/x86/ops_*.cpp.
+//
+// RoPE, add and the fp16 conversion are exact specs: the SIMD variants do the same float32
+// operations in the same order and match bit for bit. RMSNorm, softmax, SwiGLU and attention
+// sum in a different order (lane-wise) or use a polynomial exp, so they agree within bounds
+// derived from float32's epsilon (see tests/test_ops.py and tests/test_attention.py).
+#include <cmath>
+
+#include "dispatch.h"
+#include "half.h"
+#include "kernels/rope_angles.h"
+
+namespace pyinfer {
+namespace {
+
+void rms_norm_f32_ref(const float* x, const float* w, float* out, int64_t n, float eps) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * w[i];
+}
+
+void rope_f32_ref(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+                  const int64_t* pos, float base, bool neox) {
+  const int64_t half = head_dim / 2;
+  float c[kRopeMaxDim / 2], s[kRopeMaxDim / 2];
+  for (int64_t r = 0; r < n_rows; ++r) {
+    rope_cos_sin(pos[r], head_dim, base, c, s);
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* v = x + r * row_stride + h * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        // (a, b) -> (a c - b s, a s + b c): element indices by pairing mode.
+        const int64_t ia = neox ? i : 2 * i;
+        const int64_t ib = neox ? i + half : 2 * i + 1;
+        const float a = v[ia], b = v[ib];
+        v[ia] = a * c[i] - b * s[i];
+        v[ib] = a * s[i] + b * c[i];
+      }
+    }
+  }
+}
+
+void swiglu_f32_ref(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void add_f32_ref(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void softmax_f32_ref(const float* x, float* out, int64_t n) {
+  float m = x[0];
+  for (int64_t i = 1; i < n; ++i) m = x[i] > m ? x[i] : m;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = std::exp(x[i] - m);
+    sum += out[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) out[i] *= inv;
+}
+
+void f32_to_f16_ref(const float* src, fp16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_fp16(src[i]);
+}
+
+// Loads one cached element as float32.
+inline float kv_load(const float* p, int64_t i) { return p[i]; }
+inline float kv_load(const fp16_t* p, int64_t i) { return fp16_to_f32(p[i]); }
+
+// Two passes over the keys: scores and their max, then exp(s - max) weights; the weighted sum
+// of V is divided by the weights' sum at the end. Stable for any score range.
+template <typename T>
+void attn_row_ref(const float* q, const void* kp, const void* vp, int64_t n_kv, int64_t head_dim,
+                  float scale, float* scores, float* out) {
+  const T* k = static_cast<const T*>(kp);
+  const T* v = static_cast<const T*>(vp);
+  float m = -INFINITY;
+  for (int64_t j = 0; j < n_kv; ++j) {
+    float d = 0.0f;
+    for (int64_t i = 0; i < head_dim; ++i) d += q[i] * kv_load(k + j * head_dim, i);
+    scores[j] = d * scale;
+    m = scores[j] > m ? scores[j] : m;
+  }
+  for (int64_t i = 0; i < head_dim; ++i) out[i] = 0.0f;
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n_kv; ++j) {
+    const float p = std::exp(scores[j] - m);
+    sum += p;
+    for (int64_t i = 0; i < head_dim; ++i) out[i] += p * kv_load(v + j * head_dim, i);
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < head_dim; ++i) out[i] *= inv;
+}
+
+}  // namespace
+
+void fill_ops_scalar(KernelTable& t) {
+  t.rms_norm_f32 = rms_norm_f32_ref;
+  t.rope_f32 = rope_f32_ref;
+  t.swiglu_f32 = swiglu_f32_ref;
+  t.add_f32 = add_f32_ref;
+  t.softmax_f32 = softmax_f32_ref;
+  t.f32_to_f16 = f32_to_f16_ref;
+  t.attn_row[KV_F32] = attn_row_ref<float>;
+  t.attn_row[KV_F16] = attn_row_ref<fp16_t>;
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,201 @@
+// matmul_avx2.cpp: AVX2+FMA+F16C matmul kernels and activation quantization.
+// This file alone is compiled with the AVX2 flags. Everything here except fill_matmul_avx2
+// has internal linkage and no STL template is instantiated, so the linker cannot merge code
+// compiled with these flags into a portable caller.
+//
+// Every output element is computed by the same sequence of operations whatever tile it falls
+// in, so results do not depend on how rows are split across threads.
+#include <immintrin.h>
+
+#include "dispatch.h"
+#include "kernels/kquant_scales.h"
+
+#define PYINFER_INLINE static inline __attribute__((always_inline))
+
+namespace pyinfer {
+namespace {
+
+PYINFER_INLINE float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+PYINFER_INLINE int32_t hsum8_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+  return _mm_cvtsi128_si32(s);
+}
+
+PYINFER_INLINE float f16_scale(const uint8_t* p) { return _cvtsh_ss(load_u16_le(p)); }
+
+// ---- activation quantization (bit for bit as quantize_act_ref) ---------------------------
+
+void quantize_act_avx2(const float* x, block_q8a* dst, int64_t k) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t ib = 0; ib < k / QK8_A; ++ib, x += QK8_A) {
+    __m256 v[4];
+    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
+    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                              _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    __m256i q[4];
+    // cvtps rounds half to even in the default rounding mode, like nearbyint.
+    for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    // The packs work within 128-bit lanes; the permute restores element order.
+    const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
+    const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
+    const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+    const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[ib].qs), ordered);
+    dst[ib].d = amax / 127.0f;
+    dst[ib].sum = hsum8_epi32(s);
+  }
+}
+
+// ---- exact mode: float weights -----------------------------------------------------------
+
+// 8 weights of a row from element k, as float32. type: GGML_F32, GGML_F16 or GGML_BF16.
+PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
+  if (type == GGML_F32) return _mm256_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * k));
+  if (type == GGML_F16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// NR rows of W against one activation row; per element: four accumulators over each
+// 32-run of k, summed (a0 + a1) + (a2 + a3) at the end.
+PYINFER_INLINE void exact_tile(int type, int NR, const uint8_t* w, int64_t rb, const float* x,
+                               int64_t K, float* y) {
+  __m256 acc[4][4];
+  for (int r = 0; r < NR; ++r)
+    for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    __m256 xv[4];
+    for (int i = 0; i < 4; ++i) xv[i] = _mm256_loadu_ps(x + k + 8 * i);
+    for (int r = 0; r < NR; ++r)
+      for (int i = 0; i < 4; ++i)
+        acc[r][i] = _mm256_fmadd_ps(load_w8(type, w + r * rb, k + 8 * i), xv[i], acc[r][i]);
+  }
+  for (int r = 0; r < NR; ++r)
+    y[r] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3])));
+}
+
+PYINFER_INLINE void exact_rows(int type, const void* w, int64_t rb, const float* x, int64_t M,
+                               int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  int64_t n = 0;
+  for (; n + 2 <= n_rows; n += 2)
+    for (int64_t m = 0; m < M; ++m) exact_tile(type, 2, wb + n * rb, rb, x + m * K, K, y + m * ldy + n);
+  for (; n < n_rows; ++n)
+    for (int64_t m = 0; m < M; ++m) exact_tile(type, 1, wb + n * rb, rb, x + m * K, K, y + m * ldy + n);
+}
+
+void matmul_f32_f32_avx2(const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
+                         int64_t n_rows, float* y, int64_t ldy) {
+  exact_rows(GGML_F32, w, rb, x, M, K, n_rows, y, ldy);
+}
+void matmul_f16_f32_avx2(const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
+                         int64_t n_rows, float* y, int64_t ldy) {
+  exact_rows(GGML_F16, w, rb, x, M, K, n_rows, y, ldy);
+}
+void matmul_bf16_f32_avx2(const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
+                          int64_t n_rows, float* y, int64_t ldy) {
+  exact_rows(GGML_BF16, w, rb, x, M, K, n_rows, y, ldy);
+}
+
+// ---- fast mode: integer dot products per block ----------------------------------------------
+
+PYINFER_INLINE int block_bytes(int type) {
+  return type == GGML_Q8_0 ? 34 : type == GGML_Q4_0 ? 18 : 20;
+}
+
+// Exact integer dot product of one weight block with one activation block, as 8 int32
+// partial sums. maddubs multiplies unsigned by signed bytes and saturates pairs to int16:
+// nibbles (0..15) x int8 cannot saturate; Q8_0 takes |w| (<= 128) x sign(w)*a (|.| <= 127),
+// whose pairs stay within 32512.
+PYINFER_INLINE __m256i block_dot(int type, const uint8_t* blk, const block_q8a* xb) {
+  const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
+  const __m256i ones = _mm256_set1_epi16(1);
+  if (type == GGML_Q8_0) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)), ones);
+  }
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (type == GGML_Q4_1 ? 4 : 2)));
+  // Low nibbles are elements 0..15, high nibbles 16..31.
+  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
+                                       _mm256_set1_epi8(0x0f));
+  __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, a), ones);
+  // Q4_0 stores q + 8: subtract 8 * sum(a), exactly, in one lane.
+  if (type == GGML_Q4_0) p = _mm256_add_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * xb->sum)));
+  return p;
+}
+
+// NR rows of W against one activation row. Per element: acc += float(partials) * (d_w*d_x)
+// over the blocks, then a horizontal sum; Q4_1 adds sum_b m_w * (d_x * sum_x) at the end.
+PYINFER_INLINE void fast_tile(int type, int NR, const uint8_t* w, int64_t rb, const block_q8a* x,
+                              int64_t nb, float* y) {
+  const int bb = block_bytes(type);
+  __m256 acc[4];
+  float acc_min[4];
+  for (int r = 0; r < NR; ++r) {
+    acc[r] = _mm256_setzero_ps();
+    acc_min[r] = 0.0f;
+  }
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const block_q8a* xb = x + ib;
+    const float s = xb->d * static_cast<float>(xb->sum);
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* blk = w + r * rb + ib * bb;
+      const __m256 p = _mm256_cvtepi32_ps(block_dot(type, blk, xb));
+      acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(f16_scale(blk) * xb->d), acc[r]);
+      if (type == GGML_Q4_1) acc_min[r] += f16_scale(blk + 2) * s;
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r] = type == GGML_Q4_1 ? hsum8(acc[r]) + acc_min[r] : hsum8(acc[r]);
+}
+
+PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
+                              int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const int64_t nb = K / QK8_A;
+  int64_t n = 0;
+  for (; n + 4 <= n_rows; n += 4)
+    for (int64_t m = 0; m < M; ++m) fast_tile(type, 4, wb + n * rb, rb, xq + m * nb, nb, y + m * ldy + n);
+  for (; n < n_rows; ++n)
+    for (int64_t m = 0; m < M; ++m) fast_tile(type, 1, wb + n * rb, rb, xq + m * nb, nb, y + m * ldy + n);
+}
+
+void matmul_q8_0_q8_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                         int64_t n_rows, float* y, int64_t ldy) {
+  fast_rows(GGML_Q8_0, w, rb, xq, M, K, n_rows, y, ldy);
+}
+void matmul_q4_0_q8_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                         int64_t n_rows, float* y, int64_t ldy) {
+  fast_rows(GGML_Q4_0, w, rb, xq, M, K, n_rows, y, ldy);
+}
+void matmul_q4_1_q8_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                         int64_t n_rows, float* y, int64_t ldy) {
+  fast_rows(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
+}
+
+}  // namespace
+
+void fill_matmul_avx2(KernelTable& t) {
+  t.quantize_act = quantize_act_avx2;
+  t.matmul_exact[GGML_F32] = matmul_f32_f32_avx2;
+  t.matmul_exact[GGML_F16] = matmul_f16_f32_avx2;
+  t.matmul_exact[GGML_BF16] = matmul_bf16_f32_avx2;
+  t.matmul_fast[GGML_Q8_0] = matmul_q8_0_q8_avx2;
+  t.matmul_fast[GGML_Q4_0] = matmul_q4_0_q8_avx2;
+  t.matmul_fast[GGML_Q4_1] = matmul_q4_1_q8_avx2;
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,299 @@
+// matmul_avx512.cpp: AVX-512 (F, BW, VL, DQ, VNNI) matmul kernels and activation quantization.
+// This file alone is compiled with the AVX-512 flags. Everything here except
+// fill_matmul_avx512 has internal linkage and no STL template is instantiated, so the linker
+// cannot merge code compiled with these flags into a portable caller.
+//
+// Every output element is computed by the same sequence of operations whatever tile it falls
+// in, so results do not depend on how rows are split across threads.
+#include <immintrin.h>
+
+#include "dispatch.h"
+#include "kernels/kquant_scales.h"
+#include "kernels/packed16.h"
+
+// GCC 12 reports the _mm512_undefined_* placeholders inside its own intrinsics as
+// maybe-uninitialized once they are inlined here; they are never read.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#define PYINFER_INLINE static inline __attribute__((always_inline))
+
+namespace pyinfer {
+namespace {
+
+PYINFER_INLINE float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+PYINFER_INLINE float hsum16(__m512 v) {
+  return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+PYINFER_INLINE float f16_scale(const uint8_t* p) { return _cvtsh_ss(load_u16_le(p)); }
+
+// ---- activation quantization (bit for bit as quantize_act_ref) ---------------------------
+
+void quantize_act_avx512(const float* x, block_q8a* dst, int64_t k) {
+  for (int64_t ib = 0; ib < k / QK8_A; ++ib, x += QK8_A) {
+    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+    const __m512 mx = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+    __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(mx), _mm512_extractf32x8_ps(mx, 1));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    // cvtps rounds half to even in the default rounding mode, like nearbyint.
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[ib].qs), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[ib].qs + 16), _mm512_cvtepi32_epi8(q1));
+    dst[ib].d = amax / 127.0f;
+    dst[ib].sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  }
+}
+
+// ---- exact mode: float weights -----------------------------------------------------------
+
+// 16 weights of a row from element k, as float32. type: GGML_F32, GGML_F16 or GGML_BF16.
+PYINFER_INLINE __m512 load_w16(int type, const uint8_t* row, int64_t k) {
+  if (type == GGML_F32) return _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k));
+  if (type == GGML_F16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// NR rows of W against one activation row; per element: two accumulators over each 32-run
+// of k (its halves), added and summed horizontally at the end.
+PYINFER_INLINE void exact_tile(int type, int NR, const uint8_t* w, int64_t rb, const float* x,
+                               int64_t K, float* y) {
+  __m512 acc[4][2];
+  for (int r = 0; r < NR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + k), x1 = _mm512_loadu_ps(x + k + 16);
+    for (int r = 0; r < NR; ++r) {
+      acc[r][0] = _mm512_fmadd_ps(load_w16(type, w + r * rb, k), x0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(load_w16(type, w + r * rb, k + 16), x1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r] = hsum16(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+PYINFER_INLINE void exact_rows(int type, const void* w, int64_t rb, const float* x, int64_t M,
+                               int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  int64_t n = 0;
+  for (; n + 4 <= n_rows; n += 4)
+    for (int64_t m = 0; m < M; ++m) exact_tile(type, 4, wb + n * rb, rb, x + m * K, K, y + m * ldy + n);
+  for (; n < n_rows; ++n)
+    for (int64_t m = 0; m < M; ++m) exact_tile(type, 1, wb + n * rb, rb, x + m * K, K, y + m * ldy + n);
+}
+
+void matmul_f32_f32_avx512(const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
+                           int64_t n_rows, float* y, int64_t ldy) {
+  exact_rows(GGML_F32, w, rb, x, M, K, n_rows, y, ldy);
+}
+void matmul_f16_f32_avx512(const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
+                           int64_t n_rows, float* y, int64_t ldy) {
+  exact_rows(GGML_F16, w, rb, x, M, K, n_rows, y, ldy);
+}
+void matmul_bf16_f32_avx512(const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
+                            int64_t n_rows, float* y, int64_t ldy) {
+  exact_rows(GGML_BF16, w, rb, x, M, K, n_rows, y, ldy);
+}
+
+// ---- fast mode: integer dot products per block (VNNI) ---------------------------------------
+
+PYINFER_INLINE int block_bytes(int type) {
+  return type == GGML_Q8_0 ? 34 : type == GGML_Q4_0 ? 18 : 20;
+}
+
+// A weight block's 32 quants as unsigned bytes in element order, the first operand of
+// vpdpbusd (unsigned x signed): Q8_0 as |q| (its signs go onto the activations, see act_q),
+// Q4_0 and Q4_1 as nibbles (Q4_0's 8 comes off through the activation sum, see act_init).
+// *raw keeps Q8_0's signed quants.
+PYINFER_INLINE __m256i w_quants(int type, const uint8_t* blk, __m256i* raw) {
+  if (type == GGML_Q8_0) {
+    *raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    return _mm256_abs_epi8(*raw);  // -128 becomes 0x80, which is 128 unsigned
+  }
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (type == GGML_Q4_1 ? 4 : 2)));
+  // Low nibbles are elements 0..15, high nibbles 16..31.
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0f));
+}
+
+// The activation operand: for Q8_0 with the weight's signs (a * sign(w), 0 where w is 0).
+PYINFER_INLINE __m256i act_q(int type, __m256i a, __m256i raw) {
+  return type == GGML_Q8_0 ? _mm256_sign_epi8(a, raw) : a;
+}
+
+// Starting value of the int32 partial sums: for Q4_0, which stores q + 8, minus 8 times the
+// activation sum in lane 0, so the lanes add up to the exact signed dot product.
+PYINFER_INLINE __m256i act_init(int type, const block_q8a* xb) {
+  if (type != GGML_Q4_0) return _mm256_setzero_si256();
+  return _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * xb->sum));
+}
+
+// NR rows of W against MT activation rows. Per element: acc += float(partials) * (d_w*d_x)
+// over the blocks, then a horizontal sum; Q4_1 adds sum_b m_w * (d_x * sum_x) at the end.
+PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_t rb,
+                              const block_q8a* x, int64_t nb, float* y, int64_t ldy) {
+  const int bb = block_bytes(type);
+  __m256 acc[4][4];
+  float acc_min[4][4];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < MT; ++c) {
+      acc[r][c] = _mm256_setzero_ps();
+      acc_min[r][c] = 0.0f;
+    }
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    __m256i wq[4], wraw[4];
+    float wd[4], wm[4];
+    for (int r = 0; r < NR; ++r) {
+      const uint8_t* blk = w + r * rb + ib * bb;
+      wq[r] = w_quants(type, blk, &wraw[r]);
+      wd[r] = f16_scale(blk);
+      if (type == GGML_Q4_1) wm[r] = f16_scale(blk + 2);
+    }
+    for (int c = 0; c < MT; ++c) {
+      const block_q8a* xb = x + c * nb + ib;
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
+      const __m256i init = act_init(type, xb);
+      const float s = xb->d * static_cast<float>(xb->sum);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(init, wq[r], act_q(type, a, wraw[r])));
+        acc[r][c] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[r] * xb->d), acc[r][c]);
+        if (type == GGML_Q4_1) acc_min[r][c] += wm[r] * s;
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < MT; ++c)
+      y[c * ldy + r] = type == GGML_Q4_1 ? hsum8(acc[r][c]) + acc_min[r][c] : hsum8(acc[r][c]);
+}
+
+// 4 x 4 tiles: each weight block is unpacked once for four activation rows.
+PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
+                              int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const int64_t nb = K / QK8_A;
+  int64_t n = 0;
+  for (; n + 4 <= n_rows; n += 4) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) fast_tile(type, 4, 4, wb + n * rb, rb, xq + m * nb, nb, y + m * ldy + n, ldy);
+    for (; m < M; ++m) fast_tile(type, 4, 1, wb + n * rb, rb, xq + m * nb, nb, y + m * ldy + n, ldy);
+  }
+  for (; n < n_rows; ++n)
+    for (int64_t m = 0; m < M; ++m) fast_tile(type, 1, 1, wb + n * rb, rb, xq + m * nb, nb, y + m * ldy + n, ldy);
+}
+
+void matmul_q8_0_q8_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                           int64_t n_rows, float* y, int64_t ldy) {
+  fast_rows(GGML_Q8_0, w, rb, xq, M, K, n_rows, y, ldy);
+}
+void matmul_q4_0_q8_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                           int64_t n_rows, float* y, int64_t ldy) {
+  fast_rows(GGML_Q4_0, w, rb, xq, M, K, n_rows, y, ldy);
+}
+void matmul_q4_1_q8_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                           int64_t n_rows, float* y, int64_t ldy) {
+  fast_rows(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
+}
+
+// ---- fast mode on 16-row interleaved weights (packed16.h) -------------------------------------
+// Int32 lane r of every dot product step is row r, so a block's 16 integer sums come out
+// whole, with no horizontal sums, and each row's float arithmetic is the scalar reference's
+// (acc += (d_w*d_x) * isum, separate multiply and add): results match it bit for bit.
+
+// Activation bytes 4c..4c+3 of a block, broadcast to the 16 lanes.
+PYINFER_INLINE __m512i act4(const block_q8a* xb, int c) {
+  int32_t v;
+  __builtin_memcpy(&v, xb->qs + 4 * c, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// 16 rows of W (one group, n_valid of them real) against MT activation rows.
+PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb,
+                                float* y, int64_t ldy, int n_valid) {
+  const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
+  const int qo = packed_quants_offset(type);
+  __m512 acc[4], acc_min[4];
+  for (int c = 0; c < MT; ++c) acc[c] = acc_min[c] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const uint8_t* gb = group + ib * gbb;
+    // The weights' unsigned quant columns, unpacked once for the MT activation rows.
+    __m512i wq[8];
+    if (type == GGML_Q8_0) {
+      for (int c = 0; c < 8; ++c) wq[c] = _mm512_loadu_si512(gb + qo + 64 * c);
+    } else {
+      for (int c = 0; c < 4; ++c) {
+        const __m512i v = _mm512_loadu_si512(gb + qo + 64 * c);
+        wq[c] = _mm512_and_si512(v, m4);                          // elements 4c..4c+3
+        wq[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);  // elements 16+4c..
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+    __m512 mn = _mm512_setzero_ps();
+    if (type == GGML_Q4_1) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32)));
+    for (int c = 0; c < MT; ++c) {
+      const block_q8a* xb = x + c * nb + ib;
+      // Q8_0 stores q + 128 and Q4_0 q + 8: take offset * sum(a) off, exactly, in every lane.
+      const int off = type == GGML_Q8_0 ? 128 : type == GGML_Q4_0 ? 8 : 0;
+      __m512i isum = _mm512_set1_epi32(-off * xb->sum);
+      for (int g = 0; g < 8; ++g) isum = _mm512_dpbusd_epi32(isum, wq[g], act4(xb, g));
+      const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
+      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum)));
+      if (type == GGML_Q4_1)
+        acc_min[c] = _mm512_add_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->d * static_cast<float>(xb->sum))));
+    }
+  }
+  const __mmask16 k = static_cast<__mmask16>((1u << n_valid) - 1);
+  for (int c = 0; c < MT; ++c)
+    _mm512_mask_storeu_ps(y + c * ldy, k, type == GGML_Q4_1 ? _mm512_add_ps(acc[c], acc_min[c]) : acc[c]);
+}
+
+PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
+                                int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const int64_t nb = K / QK8_A;
+  const int64_t group_bytes = kPackRows * rb;
+  for (int64_t n = 0; n < n_rows; n += kPackRows) {
+    const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
+    const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) packed_tile(type, 4, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
+    for (; m < M; ++m) packed_tile(type, 1, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
+  }
+}
+
+void matmul_q8_0_q8_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                                  int64_t n_rows, float* y, int64_t ldy) {
+  packed_rows(GGML_Q8_0, w, rb, xq, M, K, n_rows, y, ldy);
+}
+void matmul_q4_0_q8_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                                  int64_t n_rows, float* y, int64_t ldy) {
+  packed_rows(GGML_Q4_0, w, rb, xq, M, K, n_rows, y, ldy);
+}
+void matmul_q4_1_q8_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                                  int64_t n_rows, float* y, int64_t ldy) {
+  packed_rows(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
+}
+
+}  // namespace
+
+void fill_matmul_avx512(KernelTable& t) {
+  t.quantize_act = quantize_act_avx512;
+  t.matmul_exact[GGML_F32] = matmul_f32_f32_avx512;
+  t.matmul_exact[GGML_F16] = matmul_f16_f32_avx512;
+  t.matmul_exact[GGML_BF16] = matmul_bf16_f32_avx512;
+  t.matmul_fast[GGML_Q8_0] = matmul_q8_0_q8_avx512;
+  t.matmul_fast[GGML_Q4_0] = matmul_q4_0_q8_avx512;
+  t.matmul_fast[GGML_Q4_1] = matmul_q4_1_q8_avx512;
+  t.matmul_fast_packed[GGML_Q8_0] = matmul_q8_0_q8_packed_avx512;
+  t.matmul_fast_packed[GGML_Q4_0] = matmul_q4_0_q8_packed_avx512;
+  t.matmul_fast_packed[GGML_Q4_1] = matmul_q4_1_q8_packed_avx512;
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,86 @@
+// kv_cache.h: a per-sequence KV cache laid out for the attention kernel, and causal
+// grouped-query attention of M new queries against it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "dispatch.h"
+
+namespace pyinfer {
+
+// K and V of every layer, float32 or float16, each stored [n_layer][n_head_kv][n_ctx][head_dim]:
+// one (layer, KV head) is a contiguous [n_ctx][head_dim] block, so attention streams its keys
+// and values in position order. Positions 0..n_pos(layer)-1 of a layer hold data; appends
+// continue from there or overwrite from an earlier position (which drops the later ones).
+// Errors throw std::invalid_argument with a message naming the bad value.
+class KVCache {
+ public:
+  KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, KvType type);
+
+  // Write m new positions pos..pos+m-1 of one layer: k, v [m][stride] rows holding n_head_kv
+  // heads of head_dim floats each (K already rotated). Needs pos <= n_pos(layer) and
+  // pos + m <= n_ctx.
+  void append(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
+              int64_t pos, int64_t m);
+
+  // Start of the [n_ctx][head_dim] block of (layer, KV head).
+  const void* k(int64_t layer, int64_t head) const { return k_.get() + block_offset(layer, head); }
+  const void* v(int64_t layer, int64_t head) const { return v_.get() + block_offset(layer, head); }
+  void* k_data() { return k_.get(); }
+  void* v_data() { return v_.get(); }
+
+  int64_t n_pos(int64_t layer) const;
+  void clear();  // every layer back to 0 positions (the data stays until overwritten)
+
+  int64_t n_layer() const { return n_layer_; }
+  int64_t n_head_kv() const { return n_head_kv_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t n_ctx() const { return n_ctx_; }
+  KvType type() const { return type_; }
+  size_t elem_size() const { return type_ == KV_F16 ? 2 : 4; }
+  size_t nbytes() const { return 2 * bytes_; }  // K and V together
+
+ private:
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  size_t block_offset(int64_t layer, int64_t head) const {
+    return static_cast<size_t>((layer * n_head_kv_ + head) * n_ctx_ * head_dim_) * elem_size();
+  }
+  void check_layer(int64_t layer) const;
+
+  int64_t n_layer_, n_head_kv_, head_dim_, n_ctx_;
+  KvType type_;
+  size_t bytes_;  // of K (and of V)
+  std::unique_ptr<uint8_t, FreeDeleter> k_, v_;
+  std::vector<int64_t> n_pos_;  // [n_layer]
+};
+
+// Causal grouped-query attention of n_q new queries at positions pos..pos+n_q-1, which the
+// cache's layer already holds. Query head h reads KV head h / (n_head / n_head_kv); query t
+// sees positions 0..pos+t, or the last `window` of them when window > 0.
+struct AttentionArgs {
+  const float* q;      // [n_q][q_stride], head h at h * head_dim
+  int64_t q_stride;
+  float* out;          // [n_q][out_stride], same head layout as q
+  int64_t out_stride;
+  const KVCache* cache;
+  int64_t layer;
+  int64_t pos;
+  int64_t n_q;
+  int64_t n_head;
+  float scale;         // usually 1 / sqrt(head_dim)
+  int64_t window;      // 0: full causal attention
+};
+
+// Checks the arguments against the cache; throws std::invalid_argument.
+void attention_check(const AttentionArgs& a);
+// Work items are (query t, head h) pairs numbered t * n_head + h; computes items
+// [begin, end) with the active ISA's row kernel. scores: scratch of pos + n_q floats.
+void attention_range(const AttentionArgs& a, int64_t begin, int64_t end, float* scores);
+// All items, split into n_threads contiguous ranges (results do not depend on the split).
+void attention(const AttentionArgs& a, int n_threads);
+
+}  // namespace pyinfer

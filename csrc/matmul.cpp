@@ -1,0 +1,241 @@
+// matmul.cpp: splits a matmul over the thread pool and feeds the active ISA's row kernels.
+#include "matmul.h"
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cstring>
+
+#include "dispatch.h"
+#include "kernels/packed16.h"
+#include "threadpool.h"
+
+namespace pyinfer {
+namespace {
+
+// Rows of W per scheduling unit: a multiple of every kernel's row tile, so row groups (and
+// with them every bit of the result) are the same whatever the thread count.
+constexpr int64_t kRowGrain = 16;
+// Activation rows per kernel call: the quantized (or float) rows of one call stay in L2
+// while a thread's rows of W stream past them.
+constexpr int64_t kRowsM = 64;
+// Rows of a quantized W dequantized at a time in exact mode (16 x K floats of scratch).
+constexpr int64_t kDequantRows = 16;
+
+int64_t row_chunk(int64_t N, int n_threads) {
+  // About four chunks per thread, so a thread slowed by a noisy neighbour sheds work, and at
+  // most 256 rows, so the dequantized scratch and the chunk of W stay cache-sized.
+  int64_t c = (N + 4 * n_threads - 1) / (4 * n_threads);
+  c = (c + kRowGrain - 1) / kRowGrain * kRowGrain;
+  if (c < kRowGrain) c = kRowGrain;
+  if (c > 256) c = 256;
+  return c;
+}
+
+}  // namespace
+
+int64_t matmul_row_bytes(uint32_t w_type, int64_t K) {
+  switch (w_type) {
+    case GGML_F32: case GGML_F16: case GGML_BF16:
+    case GGML_Q8_0: case GGML_Q4_0: case GGML_Q4_1: break;
+    default: return -1;
+  }
+  if (K <= 0 || K % 32 != 0) return -1;
+  const TypeSize ts = type_size(w_type);
+  return K / ts.block_elems * ts.block_bytes;
+}
+
+void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type, int64_t N,
+            float* y, MatmulMode mode, int n_threads) {
+  const int64_t row_bytes = matmul_row_bytes(w_type, K);
+  if (row_bytes < 0)
+    throw std::invalid_argument("matmul: weight type id " + std::to_string(w_type) +
+                                " with K=" + std::to_string(K) +
+                                " is not supported (types F32, F16, BF16, Q8_0, Q4_0, Q4_1; "
+                                "K a positive multiple of 32)");
+  if (M < 0 || N < 0) throw std::invalid_argument("matmul: negative M or N");
+  if (M == 0 || N == 0) return;
+  if (n_threads < 1) n_threads = 1;
+  const KernelTable& kt = kernels();
+  const auto* wb = static_cast<const uint8_t*>(w);
+  const int64_t chunk = row_chunk(N, n_threads);
+
+  if (mode == MatmulMode::fast && kt.matmul_fast[w_type] != nullptr) {
+    const MatmulFastFn fn = kt.matmul_fast[w_type];
+    const int64_t nb = K / QK8_A;
+    std::vector<block_q8a> xq(static_cast<size_t>(M * nb));  // [M, K/32]
+    parallel_for(n_threads, M, 8, [&](int64_t m0, int64_t m1, int) {
+      for (int64_t m = m0; m < m1; ++m) kt.quantize_act(x + m * K, xq.data() + m * nb, K);
+    });
+    parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
+      for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
+        const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;
+        fn(wb + n0 * row_bytes, row_bytes, xq.data() + m0 * nb, mc, K, n1 - n0, y + m0 * N + n0, N);
+      }
+    });
+    return;
+  }
+
+  if (kt.matmul_exact[w_type] != nullptr) {
+    const MatmulExactFn fn = kt.matmul_exact[w_type];
+    parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
+      for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
+        const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;
+        fn(wb + n0 * row_bytes, row_bytes, x + m0 * K, mc, K, n1 - n0, y + m0 * N + n0, N);
+      }
+    });
+    return;
+  }
+
+  // A quantized W in exact mode: dequantize kDequantRows rows (the same kernels as
+  // pyinfer.dequantize, so exactly pyinfer.quants.dequantize's values), then multiply them as
+  // float32 rows. Each group of rows serves all M activation rows before the next.
+  const DequantRowFn dq = kt.dequant_row[w_type];
+  const MatmulExactFn f32 = kt.matmul_exact[GGML_F32];
+  if (dq == nullptr || f32 == nullptr)
+    throw std::invalid_argument("matmul: no kernel for weight type id " + std::to_string(w_type));
+  parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
+    std::vector<float> rows(static_cast<size_t>(kDequantRows * K));  // [kDequantRows, K]
+    for (int64_t r0 = n0; r0 < n1; r0 += kDequantRows) {
+      const int64_t nr = n1 - r0 < kDequantRows ? n1 - r0 : kDequantRows;
+      for (int64_t r = 0; r < nr; ++r) dq(wb + (r0 + r) * row_bytes, rows.data() + r * K, K);
+      f32(rows.data(), K * static_cast<int64_t>(sizeof(float)), x, M, K, nr, y + r0, N);
+    }
+  });
+}
+
+int64_t packed_bytes(uint32_t w_type, int64_t N, int64_t K) {
+  if (packed_block_bytes(w_type) == 0 || N < 0) return -1;
+  const int64_t row_bytes = matmul_row_bytes(w_type, K);
+  if (row_bytes < 0) return -1;
+  return (N + kPackRows - 1) / kPackRows * kPackRows * row_bytes;
+}
+
+namespace {
+
+// Copies between one row's block (as stored) and its place in a 16-row group-block.
+void block_to_group(uint32_t type, const uint8_t* blk, int r, uint8_t* gb) {
+  std::memcpy(gb + 2 * r, blk, 2);                                // d
+  if (type == GGML_Q4_1) std::memcpy(gb + 32 + 2 * r, blk + 2, 2);  // m
+  const uint8_t* q = blk + (type == GGML_Q4_1 ? 4 : 2);
+  const int nq = type == GGML_Q8_0 ? 32 : 16;
+  for (int j = 0; j < nq; ++j)
+    gb[packed_quant_byte(type, r, j)] = type == GGML_Q8_0 ? static_cast<uint8_t>(q[j] ^ 0x80) : q[j];
+}
+
+void group_to_block(uint32_t type, const uint8_t* gb, int r, uint8_t* blk) {
+  std::memcpy(blk, gb + 2 * r, 2);
+  if (type == GGML_Q4_1) std::memcpy(blk + 2, gb + 32 + 2 * r, 2);
+  uint8_t* q = blk + (type == GGML_Q4_1 ? 4 : 2);
+  const int nq = type == GGML_Q8_0 ? 32 : 16;
+  for (int j = 0; j < nq; ++j) {
+    const uint8_t v = gb[packed_quant_byte(type, r, j)];
+    q[j] = type == GGML_Q8_0 ? static_cast<uint8_t>(v ^ 0x80) : v;
+  }
+}
+
+void check_packable(uint32_t w_type, int64_t N, int64_t K) {
+  if (packed_bytes(w_type, N, K) < 0)
+    throw std::invalid_argument("the 16-row packed layout takes Q8_0, Q4_0 and Q4_1 weights with K a "
+                                "positive multiple of 32; got type id " + std::to_string(w_type) +
+                                ", K=" + std::to_string(K));
+}
+
+}  // namespace
+
+void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed) {
+  check_packable(w_type, N, K);
+  const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / 32;
+  const int bb = packed_block_bytes(w_type);
+  const int64_t total = packed_bytes(w_type, N, K);
+  auto* out = static_cast<uint8_t*>(packed);
+  std::memset(out, 0, static_cast<size_t>(total));
+  for (int64_t n = 0; n < N; ++n) {
+    const uint8_t* row = static_cast<const uint8_t*>(w) + n * row_bytes;
+    uint8_t* group = out + (n / kPackRows) * kPackRows * row_bytes;
+    for (int64_t ib = 0; ib < nb; ++ib)
+      block_to_group(w_type, row + ib * bb, static_cast<int>(n % kPackRows), group + ib * kPackRows * bb);
+  }
+  // Padding rows: zero scales, and Q8_0 quants of 0 (stored as 128).
+  if (w_type == GGML_Q8_0)
+    for (int64_t n = N; n < (N + kPackRows - 1) / kPackRows * kPackRows; ++n) {
+      uint8_t* group = out + (n / kPackRows) * kPackRows * row_bytes;
+      for (int64_t ib = 0; ib < nb; ++ib)
+        for (int j = 0; j < 32; ++j)
+          group[ib * kPackRows * bb + packed_quant_byte(w_type, static_cast<int>(n % kPackRows), j)] = 0x80;
+    }
+}
+
+void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w) {
+  check_packable(w_type, N, K);
+  const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / 32;
+  const int bb = packed_block_bytes(w_type);
+  for (int64_t n = 0; n < N; ++n) {
+    uint8_t* row = static_cast<uint8_t*>(w) + n * row_bytes;
+    const uint8_t* group = static_cast<const uint8_t*>(packed) + (n / kPackRows) * kPackRows * row_bytes;
+    for (int64_t ib = 0; ib < nb; ++ib)
+      group_to_block(w_type, group + ib * kPackRows * bb, static_cast<int>(n % kPackRows), row + ib * bb);
+  }
+}
+
+void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type,
+                   int64_t N, float* y, MatmulMode mode, int n_threads) {
+  check_packable(w_type, N, K);
+  if (M < 0 || N < 0) throw std::invalid_argument("matmul: negative M or N");
+  if (M == 0 || N == 0) return;
+  if (n_threads < 1) n_threads = 1;
+  const KernelTable& kt = kernels();
+  const int64_t row_bytes = matmul_row_bytes(w_type, K);
+  const int64_t group_bytes = kPackRows * row_bytes;
+  const auto* wp = static_cast<const uint8_t*>(packed);
+  const int64_t chunk = row_chunk(N, n_threads);  // a multiple of kPackRows
+
+  if (mode == MatmulMode::fast) {
+    const MatmulFastFn fn = kt.matmul_fast_packed[w_type];
+    const int64_t nb = K / QK8_A;
+    std::vector<block_q8a> xq(static_cast<size_t>(M * nb));  // [M, K/32]
+    parallel_for(n_threads, M, 8, [&](int64_t m0, int64_t m1, int) {
+      for (int64_t m = m0; m < m1; ++m) kt.quantize_act(x + m * K, xq.data() + m * nb, K);
+    });
+    parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
+      for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
+        const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;
+        fn(wp + n0 / kPackRows * group_bytes, row_bytes, xq.data() + m0 * nb, mc, K, n1 - n0,
+           y + m0 * N + n0, N);
+      }
+    });
+    return;
+  }
+  // Exact mode: unpack a group to blocks as stored, dequantize, multiply as float32 rows, as
+  // matmul does on the unpacked weights.
+  const DequantRowFn dq = kt.dequant_row[w_type];
+  const MatmulExactFn f32 = kt.matmul_exact[GGML_F32];
+  parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
+    std::vector<uint8_t> raw(static_cast<size_t>(group_bytes));     // [16 rows, row_bytes]
+    std::vector<float> rows(static_cast<size_t>(kPackRows * K));  // [16, K]
+    for (int64_t r0 = n0; r0 < n1; r0 += kPackRows) {
+      const int64_t nr = n1 - r0 < kPackRows ? n1 - r0 : kPackRows;
+      unpack16(wp + r0 / kPackRows * group_bytes, w_type, nr, K, raw.data());
+      for (int64_t r = 0; r < nr; ++r) dq(raw.data() + r * row_bytes, rows.data() + r * K, K);
+      f32(rows.data(), K * static_cast<int64_t>(sizeof(float)), x, M, K, nr, y + r0, N);
+    }
+  });
+}
+
+void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum) {
+  if (K <= 0 || K % QK8_A != 0)
+    throw std::invalid_argument("quantize_activations: K must be a positive multiple of 32");
+  const int64_t nb = K / QK8_A;
+  std::vector<block_q8a> row(static_cast<size_t>(nb));  // [K/32]
+  for (int64_t m = 0; m < M; ++m) {
+    kernels().quantize_act(x + m * K, row.data(), K);
+    for (int64_t ib = 0; ib < nb; ++ib) {
+      for (int j = 0; j < QK8_A; ++j) q[m * K + ib * QK8_A + j] = row[ib].qs[j];
+      d[m * nb + ib] = row[ib].d;
+      sum[m * nb + ib] = row[ib].sum;
+    }
+  }
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,39 @@
+// matmul.h: y[M, N] = x[M, K] @ W[N, K]^T over the active ISA's kernels and the thread pool.
+#pragma once
+#include <cstdint>
+
+namespace pyinfer {
+
+enum class MatmulMode {
+  exact,  // float32 activations, weights dequantized on the fly, float32 accumulation
+  fast,   // activations quantized per 32-block to int8, integer dot products (quantized W);
+          // for F32, F16 and BF16 weights the same as exact
+};
+
+// Bytes of one weight row of K elements of the type, or -1 if matmul does not take the type
+// (F32, F16, BF16, Q8_0, Q4_0, Q4_1) or K is not a positive multiple of 32.
+int64_t matmul_row_bytes(uint32_t w_type, int64_t K);
+
+// x: [M, K] float32, row-major; w: N rows of matmul_row_bytes(w_type, K) bytes (GGUF blocks
+// as stored); y: [M, N] float32, row-major, not overlapping x or w. Runs on n_threads
+// threads (the caller included), splitting the N rows; the result does not depend on
+// n_threads. Throws std::invalid_argument on a bad type or shape.
+void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type, int64_t N,
+            float* y, MatmulMode mode, int n_threads);
+
+// The 16-row interleaved layout (kernels/packed16.h) of Q8_0, Q4_0 and Q4_1 weights: faster
+// fast-mode GEMV and GEMM, repacked once at load. packed_bytes is its size for N rows
+// (N rounded up to a multiple of 16), or -1 for another type or a bad K.
+int64_t packed_bytes(uint32_t w_type, int64_t N, int64_t K);
+// w[N rows as stored] -> packed[packed_bytes], padding rows zero; and back (exactly).
+void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed);
+void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w);
+// matmul with W in the packed layout; the result is the same as matmul's on the unpacked W.
+void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type,
+                   int64_t N, float* y, MatmulMode mode, int n_threads);
+
+// Fast mode's activation quantization (q8_act.h) of x[M, K] (K a multiple of 32), unpacked:
+// q[M, K] int8, d[M, K/32] scales, sum[M, K/32] block sums. For tests and study.
+void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum);
+
+}  // namespace pyinfer

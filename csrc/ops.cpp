@@ -1,0 +1,44 @@
+// ops.cpp: portable drivers for the small ops (row loops, embedding lookup).
+#include "ops.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "dispatch.h"
+
+namespace pyinfer {
+
+void rms_norm_rows(const float* x, const float* w, float* out, int64_t n_rows, int64_t n, float eps) {
+  const RmsNormFn fn = kernels().rms_norm_f32;
+  for (int64_t r = 0; r < n_rows; ++r) fn(x + r * n, w, out + r * n, n, eps);
+}
+
+void softmax_rows(const float* x, float* out, int64_t n_rows, int64_t n) {
+  const SoftmaxFn fn = kernels().softmax_f32;
+  for (int64_t r = 0; r < n_rows; ++r) fn(x + r * n, out + r * n, n);
+}
+
+int64_t embedding_row_bytes(uint32_t type, int64_t dim) {
+  const TypeSize ts = type_size(type);
+  if (ts.block_elems == 0 || type >= GGML_TYPE_SLOTS || kernels().dequant_row[type] == nullptr) return -1;
+  if (dim < 1 || dim % ts.block_elems != 0) return -1;
+  return dim / ts.block_elems * static_cast<int64_t>(ts.block_bytes);
+}
+
+void embedding(const void* table, uint32_t type, int64_t n_rows, int64_t dim, const int64_t* ids,
+               int64_t n_ids, float* out) {
+  const int64_t row_bytes = embedding_row_bytes(type, dim);
+  if (row_bytes < 0)
+    throw std::invalid_argument("embedding: type id " + std::to_string(type) + " with dim " +
+                                std::to_string(dim) +
+                                " has no row kernel (dim must be a multiple of the block size)");
+  for (int64_t i = 0; i < n_ids; ++i)
+    if (ids[i] < 0 || ids[i] >= n_rows)
+      throw std::invalid_argument("embedding: row id " + std::to_string(ids[i]) + " at index " +
+                                  std::to_string(i) + " is outside [0, " + std::to_string(n_rows) + ")");
+  const DequantRowFn fn = kernels().dequant_row[type];
+  const auto* base = static_cast<const uint8_t*>(table);
+  for (int64_t i = 0; i < n_ids; ++i) fn(base + ids[i] * row_bytes, out + i * dim, dim);
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,278 @@
+"""NumPy references: the spec every C++ kernel is tested against, and a NumPy forward pass.
+
+The kernel references compute in float64 and return float64, so a test measures a kernel's
+own float32 rounding against a value that carries almost none. `forward` runs a llama-arch
+GGUF model on dequantized weights, token by token in float64 (or float32) math.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+# ---- small ops ------------------------------------------------------------------------------
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x[..., n] / sqrt(mean(x^2) + eps) * w[n], over the last axis."""
+    x = np.asarray(x, dtype=np.float64)
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(ms + eps) * np.asarray(w, dtype=np.float64)
+
+
+def rope_angles(pos: np.ndarray, head_dim: int, base: float) -> np.ndarray:
+    """theta[len(pos), head_dim // 2] = pos * base^(-2i / head_dim)."""
+    i = np.arange(head_dim // 2, dtype=np.float64)
+    inv_freq = np.power(float(base), -2.0 * i / head_dim)
+    return np.asarray(pos, dtype=np.float64)[:, None] * inv_freq[None, :]
+
+
+def rope(
+    x: np.ndarray,
+    pos: int | Sequence[int] | np.ndarray,
+    n_heads: int,
+    head_dim: int,
+    base: float,
+    neox: bool = False,
+) -> np.ndarray:
+    """Rotary embedding of x[M, n_heads * head_dim]; row t is at position pos + t (pos an int)
+    or pos[t] (an array).
+
+    Normal mode (llama-arch GGUF, whose converter permuted the Q and K rows) rotates adjacent
+    pairs (x[2i], x[2i+1]); neox mode rotates (x[i], x[i + head_dim/2]). Both by theta_i.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    m = x.shape[0]
+    positions = np.arange(pos, pos + m) if np.isscalar(pos) else np.asarray(pos)
+    theta = rope_angles(positions, head_dim, base)  # [M, head_dim/2]
+    c = np.cos(theta)[:, None, :]
+    s = np.sin(theta)[:, None, :]
+    h = x.reshape(m, n_heads, head_dim)
+    if neox:
+        a, b = h[..., : head_dim // 2], h[..., head_dim // 2 :]
+    else:
+        a, b = h[..., 0::2], h[..., 1::2]
+    out = np.empty_like(h)
+    ra, rb = a * c - b * s, a * s + b * c
+    if neox:
+        out[..., : head_dim // 2], out[..., head_dim // 2 :] = ra, rb
+    else:
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    return out.reshape(m, n_heads * head_dim)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-x))
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """silu(gate) * up, elementwise."""
+    return silu(gate) * np.asarray(up, dtype=np.float64)
+
+
+def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Residual add, in float32 like the kernel (a float32 sum is correctly rounded)."""
+    return np.asarray(a, dtype=np.float32) + np.asarray(b, dtype=np.float32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis."""
+    x = np.asarray(x, dtype=np.float64)
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def embedding(table: np.ndarray, ids: Sequence[int]) -> np.ndarray:
+    """Rows `ids` of a dequantized table[n_rows, dim]."""
+    return np.asarray(table, dtype=np.float32)[np.asarray(ids, dtype=np.int64)]
+
+
+def attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    pos: int,
+    n_head: int,
+    scale: float | None = None,
+    window: int = 0,
+) -> np.ndarray:
+    """Causal grouped-query attention of M new queries at positions pos..pos+M-1.
+
+    q[M, n_head * head_dim]; k, v[n_head_kv, >= pos + M, head_dim] (the cache, holding the new
+    positions too). Query head h reads KV head h // (n_head / n_head_kv). Query t sees keys
+    0..pos+t, or only the last `window` of them when window > 0. Returns [M, n_head * head_dim].
+    """
+    q = np.asarray(q, dtype=np.float64)
+    k = np.asarray(k, dtype=np.float64)
+    v = np.asarray(v, dtype=np.float64)
+    m = q.shape[0]
+    n_head_kv, _, head_dim = k.shape
+    group = n_head // n_head_kv
+    if scale is None:
+        scale = 1.0 / np.sqrt(head_dim)
+    out = np.empty((m, n_head, head_dim))
+    qh = q.reshape(m, n_head, head_dim)
+    for t in range(m):
+        end = pos + t + 1
+        start = max(0, end - window) if window > 0 else 0
+        for h in range(n_head):
+            g = h // group
+            s = k[g, start:end] @ qh[t, h] * scale
+            p = np.exp(s - s.max())
+            out[t, h] = (p / p.sum()) @ v[g, start:end]
+    return out.reshape(m, n_head * head_dim)
+
+
+# ---- matmul ------------------------------------------------------------------------------
+# y[M, N] = x[M, K] @ W[N, K]^T with W given as raw GGUF bytes of N rows (pyinfer._C.matmul).
+
+_QK = 32  # activation block of the fast mode, and the block of every quantized matmul type
+
+
+def matmul_exact(x: np.ndarray, w_raw: np.ndarray, w_type: int, n: int, k: int) -> np.ndarray:
+    """Exact mode: W dequantized (pyinfer.quants.dequantize), then a float64 matmul."""
+    from pyinfer.quants import dequantize
+
+    w = dequantize(np.asarray(w_raw).reshape(-1).view(np.uint8), w_type).reshape(n, k)
+    return np.asarray(x, dtype=np.float64) @ w.astype(np.float64).T
+
+
+def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x[M, K] float32 -> (q int8 [M, K], d float32 [M, K/32], sum int32 [M, K/32]), bit for bit
+    as the C++ fast mode (csrc/kernels/q8_act.h): per 32-block amax = max|x|, d = amax / 127,
+    q = round_half_even(x * (127 / amax)), all in float32."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    m, k = x.shape
+    xb = x.reshape(m, k // _QK, _QK)
+    amax = np.abs(xb).max(axis=2)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * inv[:, :, None]).astype(np.int8)
+    return q.reshape(m, k), d, q.astype(np.int32).sum(axis=2, dtype=np.int32)
+
+
+def _weight_blocks(w_raw: np.ndarray, w_type: int, n: int, k: int):
+    """Integer quants [N, K/32, 32] (signed, offset removed), scale and min [N, K/32] float32."""
+    from pyinfer.gguf_types import GGMLType
+
+    t = GGMLType(w_type)
+    nb = k // _QK
+    bytes_per_block = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q4_1: 20}[t]
+    b = np.asarray(w_raw).reshape(-1).view(np.uint8).reshape(n, nb, bytes_per_block)
+    d = np.ascontiguousarray(b[:, :, 0:2]).view("<f2")[:, :, 0].astype(np.float32)
+    m = np.zeros_like(d)
+    if t == GGMLType.Q8_0:
+        q = b[:, :, 2:].view(np.int8).astype(np.int64)
+    else:
+        qs = b[:, :, 4:] if t == GGMLType.Q4_1 else b[:, :, 2:]
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int64)  # elements 0..15, 16..31
+        if t == GGMLType.Q4_0:
+            q -= 8
+        else:
+            m = np.ascontiguousarray(b[:, :, 2:4]).view("<f2")[:, :, 0].astype(np.float32)
+    return q, d, m
+
+
+def matmul_fast_parts(
+    x: np.ndarray, w_raw: np.ndarray, w_type: int, n: int, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Fast mode for Q8_0, Q4_0, Q4_1 weights: (y, magnitude), both float64 [M, N].
+
+    Activations are quantized as quantize_activations does; each 32-block's dot product
+    isum = sum_j q_w[j] * q_x[j] is exact in integers, and
+    y = sum_b (d_w * d_x) * isum  +  sum_b m_w * (d_x * sum_x)   (the second for Q4_1 only)
+    with d_w * d_x, d_x * sum_x and m_w * (...) rounded to float32 as the C++ does, the sums
+    exact. `magnitude` = sum_b |d_w * d_x| * sum_j (|q_w[j]| + 2 * off) * |q_x[j]|
+    + sum_b |m_w * (d_x * sum_x)|, with off the offset the type stores its quants with (8 for
+    Q4_0, 0 otherwise), bounds what float32 summation in any order, of isum split into partial
+    sums of stored quants plus an offset correction, can get wrong: a multiple of
+    eps * magnitude.
+    """
+    qx, dx, sx = quantize_activations(x)
+    qw, dw, mw = _weight_blocks(w_raw, w_type, n, k)
+    mrows, nb = qx.shape[0], k // _QK
+    qx = qx.reshape(mrows, nb, _QK).astype(np.int64)
+    isum = np.einsum("mbj,nbj->mnb", qx, qw)  # [M, N, nb], exact
+    off = 8 if w_type == 2 else 0
+    iabs = np.einsum("mbj,nbj->mnb", np.abs(qx), np.abs(qw) + 2 * off)
+    f = (dw[None, :, :] * dx[:, None, :]).astype(np.float64)  # float32 products
+    y = (f * isum).sum(axis=2)
+    mag = (np.abs(f) * iabs).sum(axis=2)
+    s = dx * sx.astype(np.float32)  # [M, nb] float32
+    mins = (mw[None, :, :] * s[:, None, :]).astype(np.float64)  # zero unless Q4_1
+    return y + mins.sum(axis=2), mag + np.abs(mins).sum(axis=2)
+
+
+def matmul_fast(x: np.ndarray, w_raw: np.ndarray, w_type: int, n: int, k: int) -> np.ndarray:
+    """Fast mode (see matmul_fast_parts); for F32, F16 and BF16 weights the exact mode."""
+    if w_type in (0, 1, 30):
+        return matmul_exact(x, w_raw, w_type, n, k)
+    return matmul_fast_parts(x, w_raw, w_type, n, k)[0]
+
+
+# ---- forward pass of llama-arch models -----------------------------------------------------
+
+
+def load_llama(reader: Any) -> dict[str, Any]:
+    """Config and dequantized float32 weights (NumPy order: [out, in]) of a llama-arch GGUF."""
+    md = reader.metadata
+    arch = md["general.architecture"]
+    if arch != "llama":
+        raise ValueError(f"reference.forward supports llama-arch models, not {arch!r}")
+    n_embd = int(md["llama.embedding_length"])
+    n_head = int(md["llama.attention.head_count"])
+    config = {
+        "n_layer": int(md["llama.block_count"]),
+        "n_embd": n_embd,
+        "n_head": n_head,
+        "n_head_kv": int(md.get("llama.attention.head_count_kv", n_head)),
+        "head_dim": n_embd // n_head,
+        "rope_base": float(md.get("llama.rope.freq_base", 10000.0)),
+        "eps": float(md["llama.attention.layer_norm_rms_epsilon"]),
+    }
+    w = {name: reader.dequantize(name) for name in reader.tensors}
+    if "output.weight" not in w:  # tied embedding
+        w["output.weight"] = w["token_embd.weight"]
+    return {"config": config, "weights": w}
+
+
+def forward(model: Any, ids: Sequence[int], dtype: Any = np.float64) -> np.ndarray:
+    """logits[len(ids), n_vocab] of a llama-arch model for one sequence starting at position 0.
+
+    `model` is a GGUFReader or the result of `load_llama`. All activations are `dtype`.
+    """
+    if not isinstance(model, Mapping):
+        model = load_llama(model)
+    cfg, w = model["config"], model["weights"]
+    n_head, n_head_kv, hd = cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
+    eps, base = cfg["eps"], cfg["rope_base"]
+    ids = np.asarray(ids, dtype=np.int64)
+    m = len(ids)
+
+    def lin(x: np.ndarray, name: str) -> np.ndarray:
+        return x @ w[name].astype(dtype).T
+
+    def norm(x: np.ndarray, name: str) -> np.ndarray:
+        return rms_norm(x, w[name], eps).astype(dtype)
+
+    x = w["token_embd.weight"][ids].astype(dtype)  # [M, n_embd]
+    for layer in range(cfg["n_layer"]):
+        p = f"blk.{layer}."
+        h = norm(x, p + "attn_norm.weight")
+        q = rope(lin(h, p + "attn_q.weight"), 0, n_head, hd, base).astype(dtype)
+        k = rope(lin(h, p + "attn_k.weight"), 0, n_head_kv, hd, base).astype(dtype)
+        v = lin(h, p + "attn_v.weight")
+        kc = k.reshape(m, n_head_kv, hd).transpose(1, 0, 2)  # [n_head_kv, M, head_dim]
+        vc = v.reshape(m, n_head_kv, hd).transpose(1, 0, 2)
+        a = attention(q, kc, vc, 0, n_head).astype(dtype)
+        x = x + lin(a, p + "attn_output.weight")
+        h = norm(x, p + "ffn_norm.weight")
+        g = swiglu(lin(h, p + "ffn_gate.weight"), lin(h, p + "ffn_up.weight")).astype(dtype)
+        x = x + lin(g, p + "ffn_down.weight")
+    x = norm(x, "output_norm.weight")
+    return lin(x, "output.weight")

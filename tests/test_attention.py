@@ -1,0 +1,313 @@
+"""KV cache append (exact, float32 and float16) and causal grouped-query attention on every ISA
+path, against NumPy (pyinfer/reference.py, float64) with bounds derived from float32's epsilon."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from pyinfer import _C
+from pyinfer import reference as R
+
+EPS = float(np.finfo(np.float32).eps)
+DTYPES = ["float32", "float16"]
+
+
+def rng_for(*key: int) -> np.random.Generator:
+    return np.random.default_rng([4321, *key])
+
+
+def rows(rng: np.random.Generator, m: int, width: int, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal((m, width)) * scale).astype(np.float32)
+
+
+# ---- KV cache -----------------------------------------------------------------------------------
+
+
+def heads_major(x: np.ndarray, n_head_kv: int, head_dim: int) -> np.ndarray:
+    """[M, n_head_kv * head_dim] -> [n_head_kv, M, head_dim], the cache's layout."""
+    return x.reshape(x.shape[0], n_head_kv, head_dim).transpose(1, 0, 2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_head_kv,head_dim", [(3, 64), (1, 17), (2, 40)])
+def test_append_exact(isa: str, dtype: str, n_head_kv: int, head_dim: int) -> None:
+    rng = rng_for(1, n_head_kv, head_dim)
+    n_ctx = 23
+    c = _C.KVCache(4, n_head_kv, head_dim, n_ctx, dtype)
+    assert c.dtype == np.dtype(dtype) and c.n_ctx == n_ctx and c.head_dim == head_dim
+    assert c.nbytes == 2 * 4 * n_head_kv * head_dim * n_ctx * np.dtype(dtype).itemsize
+    width = n_head_kv * head_dim
+    k1, v1 = rows(rng, 5, width), rows(rng, 5, width, 100.0)
+    k2, v2 = rows(rng, 1, width, 1e-3), rows(rng, 1, width)
+    k3, v3 = rows(rng, n_ctx - 6, width), rows(rng, n_ctx - 6, width)
+    c.append(2, k1, v1, 0)
+    c.append(2, k2[0], v2[0], 5)  # one position as a 1-D row
+    c.append(2, k3, v3, 6)
+    assert c.n_pos(2) == n_ctx and c.n_pos(0) == 0
+    k_all = np.concatenate([k1, k2, k3]).astype(dtype)
+    v_all = np.concatenate([v1, v2, v3]).astype(dtype)
+    # float32: copied as is; float16: rounded to nearest even exactly as NumPy does.
+    np.testing.assert_array_equal(c.keys(2), heads_major(k_all, n_head_kv, head_dim))
+    np.testing.assert_array_equal(c.values(2), heads_major(v_all, n_head_kv, head_dim))
+    assert not np.any(c.keys(1)) and not c.keys(2).flags.writeable
+    # Overwriting from an earlier position drops what followed it.
+    c.append(2, k1[:2], v1[:2], 3)
+    assert c.n_pos(2) == 5
+    np.testing.assert_array_equal(
+        c.keys(2)[:, 3:5], heads_major(k1[:2].astype(dtype), n_head_kv, head_dim)
+    )
+    c.clear()
+    assert c.n_pos(2) == 0
+
+
+def test_append_f16_rounding(isa: str) -> None:
+    """Round-to-nearest-even at every exponent, ties, subnormals, overflow, infinities, NaN."""
+    rng = rng_for(2)
+    n = 64 * 1000
+    exp = rng.integers(127 - 30, 127 + 17, n).astype(np.uint32)
+    man = rng.integers(0, 1 << 23, n).astype(np.uint32)
+    # A quarter of the values sit exactly on a rounding tie or one ulp beside one.
+    tie = (man & ~np.uint32(0x1FFF)) | np.uint32(0x1000)
+    man = np.where(rng.integers(0, 4, n) == 0, tie + rng.integers(-1, 2, n).astype(np.uint32), man)
+    sign = rng.integers(0, 2, n).astype(np.uint32) << 31
+    x = (sign | (exp << 23) | (man & 0x7FFFFF)).view(np.float32)
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            65504,
+            65519.99,
+            65520,
+            -65520,
+            1e10,
+            np.inf,
+            -np.inf,
+            2.0**-24,
+            2.0**-25,
+            2.0**-25 * 1.0001,
+            3 * 2.0**-26,
+            2.0**-14 - 2.0**-26,
+            6.1e-5,
+            1e-30,
+        ],
+        np.float32,
+    )
+    x[: special.size] = special
+    x[-3:] = np.nan
+    c = _C.KVCache(1, 1, 64, 1000, np.float16)
+    c.append(0, x.reshape(1000, 64), x.reshape(1000, 64), 0)
+    got = c.keys(0)[0].reshape(-1)
+    with np.errstate(over="ignore"):
+        want = x.astype(np.float16)
+    finite = ~np.isnan(x)
+    np.testing.assert_array_equal(got[finite].view(np.uint16), want[finite].view(np.uint16))
+    assert np.all(np.isnan(got[~finite]))
+    _C.set_isa("scalar")
+    c2 = _C.KVCache(1, 1, 64, 1000, "float16")
+    c2.append(0, x.reshape(1000, 64), x.reshape(1000, 64), 0)
+    _C.set_isa(isa)
+    np.testing.assert_array_equal(c2.keys(0).view(np.uint16), c.keys(0).view(np.uint16))
+
+
+def test_cache_errors() -> None:
+    c = _C.KVCache(2, 3, 8, 10)
+    k = np.zeros((4, 24), np.float32)
+    with pytest.raises(ValueError, match="layer"):
+        c.append(2, k, k, 0)
+    with pytest.raises(ValueError, match="holds 0"):
+        c.append(0, k, k, 1)  # a gap
+    c.append(0, k, k, 0)
+    c.append(0, k, k, 4)
+    with pytest.raises(ValueError, match="KV cache full"):
+        c.append(0, k, k, 8)
+    assert c.n_pos(0) == 8  # the failed append changed nothing
+    with pytest.raises(ValueError, match="shape"):
+        c.append(1, np.zeros((4, 25), np.float32), k, 0)
+    with pytest.raises(ValueError, match="float32"):
+        c.append(1, k.astype(np.float64), k, 0)
+    with pytest.raises(ValueError, match="same number of rows"):
+        c.append(1, k, k[:3], 0)
+    with pytest.raises(ValueError, match="float32 or float16"):
+        _C.KVCache(1, 1, 8, 8, "int8")
+    with pytest.raises(ValueError, match=">= 1"):
+        _C.KVCache(1, 1, 8, 0)
+    with pytest.raises(ValueError, match="layer"):
+        c.keys(5)
+
+
+# ---- attention -----------------------------------------------------------------------------------
+
+
+def attention_bound(q, k, v, pos: int, n_head: int, scale: float, window: int = 0) -> np.ndarray:
+    """Error bound per output element, from float32's epsilon and the problem's magnitudes.
+
+    A score's dot product of head_dim terms errs by at most (head_dim + 2) u S, with
+    S = max over keys of scale * sum |q_i k_i|; exp(s - max) then errs relatively by about
+    twice that plus a few u (the exp itself, and u |s - max| <= 2 u S from the subtraction);
+    the n_kv-term sums of weights and of weighted values add n_kv u each. All of it relative to
+    sum_j p_j |v_j|; eps = 2u, and a factor 2 to spare.
+    """
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    m = q.shape[0]
+    n_head_kv, _, hd = k.shape
+    group = n_head // n_head_kv
+    qh = q.reshape(m, n_head, hd)
+    out = np.empty((m, n_head, hd))
+    for t in range(m):
+        end = pos + t + 1
+        start = max(0, end - window) if window > 0 else 0
+        for h in range(n_head):
+            kk, vv = k[h // group, start:end], v[h // group, start:end]
+            s = kk @ qh[t, h] * scale
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            big_s = np.max(np.abs(kk) @ np.abs(qh[t, h])) * scale
+            out[t, h] = 2 * EPS * (2 * (hd + 4) * big_s + (end - start) + 8) * (p @ np.abs(vv))
+    return out.reshape(m, n_head * hd)
+
+
+def filled_cache(rng, n_layer, n_head_kv, head_dim, n_ctx, n_fill, dtype, layer, kv_scale=1.0):
+    c = _C.KVCache(n_layer, n_head_kv, head_dim, n_ctx, dtype)
+    width = n_head_kv * head_dim
+    c.append(layer, rows(rng, n_fill, width, kv_scale), rows(rng, n_fill, width), 0)
+    return c
+
+
+def check_attention(c, layer, q, pos, n_head, window=0, n_threads=1):
+    scale = np.float32(1.0 / np.sqrt(c.head_dim))
+    out = _C.attention(q, c, layer, pos, n_head, window=window, n_threads=n_threads)
+    m = q.shape[0]
+    k = c.keys(layer)[:, : pos + m]
+    v = c.values(layer)[:, : pos + m]
+    ref = R.attention(q, k, v, pos, n_head, float(scale), window)
+    bound = attention_bound(q, k, v, pos, n_head, float(scale), window)
+    assert out.shape == q.shape and out.dtype == np.float32
+    err = np.abs(out - ref)
+    assert np.all(err <= bound), float(np.max(err / bound))
+    return out
+
+
+# (n_head, n_head_kv, head_dim): the default model's, and shapes off every vector width.
+SHAPES = [(9, 3, 64), (4, 1, 17), (6, 2, 40), (2, 2, 80), (3, 1, 8)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_head,n_head_kv,head_dim", SHAPES)
+def test_decode(isa: str, dtype: str, n_head: int, n_head_kv: int, head_dim: int) -> None:
+    n_ctx = 70
+    for pos in [0, 1, 31, n_ctx - 1]:
+        rng = rng_for(3, n_head, head_dim, pos)
+        c = filled_cache(rng, 2, n_head_kv, head_dim, n_ctx, pos + 1, dtype, 1)
+        check_attention(c, 1, rows(rng, 1, n_head * head_dim), pos, n_head)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n_head,n_head_kv,head_dim", SHAPES)
+def test_prefill(isa: str, dtype: str, n_head: int, n_head_kv: int, head_dim: int) -> None:
+    n_ctx, m = 50, 7
+    for pos in [0, 20, n_ctx - m]:
+        rng = rng_for(4, n_head, head_dim, pos)
+        c = filled_cache(rng, 1, n_head_kv, head_dim, n_ctx, pos + m, dtype, 0)
+        check_attention(c, 0, rows(rng, m, n_head * head_dim), pos, n_head)
+
+
+def test_gqa_mapping(isa: str) -> None:
+    """Query head h reads KV head h // group: zeroing one KV head's values zeroes exactly the
+    outputs of its group of query heads."""
+    rng = rng_for(5)
+    n_head, n_head_kv, hd = 9, 3, 64
+    c = _C.KVCache(1, n_head_kv, hd, 16)
+    k = rows(rng, 10, n_head_kv * hd)
+    v = rows(rng, 10, n_head_kv * hd)
+    v.reshape(10, n_head_kv, hd)[:, 1] = 0
+    c.append(0, k, v, 0)
+    out = _C.attention(rows(rng, 2, n_head * hd), c, 0, 8, n_head).reshape(2, n_head, hd)
+    assert np.all(out[:, 3:6] == 0)
+    assert np.all(np.any(out[:, [0, 1, 2, 6, 7, 8]] != 0, axis=-1))
+
+
+def test_sliding_window(isa: str) -> None:
+    rng = rng_for(6)
+    c = filled_cache(rng, 1, 2, 32, 40, 40, "float32", 0)
+    check_attention(c, 0, rows(rng, 5, 4 * 32), 35, 4, window=8)
+    check_attention(c, 0, rows(rng, 3, 4 * 32), 0, 4, window=2)
+
+
+def test_large_scores_stable(isa: str) -> None:
+    """Scores in the thousands: the max-shifted softmax stays finite and accurate."""
+    rng = rng_for(7)
+    c = filled_cache(rng, 1, 1, 64, 33, 33, "float32", 0, kv_scale=30.0)
+    out = check_attention(c, 0, rows(rng, 3, 2 * 64, 30.0), 30, 2)
+    assert np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_threads_identical(isa: str, dtype: str) -> None:
+    rng = rng_for(8)
+    c = filled_cache(rng, 1, 3, 64, 300, 300, dtype, 0)
+    q = rows(rng, 12, 9 * 64)
+    one = _C.attention(q, c, 0, 288, 9, n_threads=1)
+    for n in (2, 3):
+        np.testing.assert_array_equal(_C.attention(q, c, 0, 288, 9, n_threads=n), one)
+    qd = rows(rng, 1, 9 * 64)
+    np.testing.assert_array_equal(
+        _C.attention(qd, c, 0, 299, 9, n_threads=2), _C.attention(qd, c, 0, 299, 9, n_threads=1)
+    )
+
+
+def test_python_threads_concurrently(isa: str) -> None:
+    """The GIL is released and calls share nothing mutable: two Python threads calling at once
+    get what each gets alone."""
+    rng = rng_for(9)
+    c = filled_cache(rng, 1, 3, 64, 500, 500, "float16", 0)
+    qs = [rows(rng, 4, 9 * 64) for _ in range(2)]
+    alone = [_C.attention(q, c, 0, 496, 9) for q in qs]
+    got: list = [None, None]
+
+    def work(i: int) -> None:
+        for _ in range(20):
+            got[i] = _C.attention(qs[i], c, 0, 496, 9, n_threads=2)
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for a, b in zip(alone, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_out_and_scale(isa: str) -> None:
+    rng = rng_for(10)
+    c = filled_cache(rng, 1, 1, 16, 8, 8, "float32", 0)
+    q = rows(rng, 2, 2 * 16)
+    out = np.empty_like(q)
+    assert _C.attention(q, c, 0, 6, 2, out=out) is out
+    np.testing.assert_array_equal(out, _C.attention(q, c, 0, 6, 2))
+    y = _C.attention(q, c, 0, 6, 2, scale=0.5)
+    ref = R.attention(q, c.keys(0)[:, :8], c.values(0)[:, :8], 6, 2, scale=0.5)
+    bound = attention_bound(q, c.keys(0)[:, :8], c.values(0)[:, :8], 6, 2, 0.5)
+    assert np.all(np.abs(y - ref) <= bound)
+
+
+def test_attention_errors() -> None:
+    c = _C.KVCache(2, 3, 8, 10)
+    c.append(0, np.zeros((4, 24), np.float32), np.zeros((4, 24), np.float32), 0)
+    q = np.zeros((2, 9 * 8), np.float32)
+    with pytest.raises(ValueError, match="append K and V first"):
+        _C.attention(q, c, 0, 3, 9)  # positions 3..4, cache holds 0..3
+    with pytest.raises(ValueError, match="append K and V first"):
+        _C.attention(q, c, 1, 0, 9)
+    with pytest.raises(ValueError, match="multiple"):
+        _C.attention(np.zeros((2, 8 * 8), np.float32), c, 0, 0, 8)
+    with pytest.raises(ValueError, match="shape"):
+        _C.attention(q, c, 0, 0, 6)
+    with pytest.raises(ValueError, match="layer"):
+        _C.attention(q, c, 2, 0, 9)
+    with pytest.raises(ValueError, match="overlap"):
+        _C.attention(q, c, 0, 0, 9, out=q)
+    with pytest.raises(ValueError, match="n_threads"):
+        _C.attention(q, c, 0, 0, 9, n_threads=0)

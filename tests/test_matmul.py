@@ -1,0 +1,287 @@
+"""Matmul y = x @ W^T on every ISA path and weight type, in both modes, against pyinfer.reference.
+
+Bounds, per output element:
+- exact mode against a float64 product of the dequantized weights:
+  |y - ref| <= K * eps32 * sum_k |x_k| |w_k|  (float32 accumulation of K products);
+- fast mode against the NumPy fast reference, which computes the same integer block dot
+  products: |y - ref| <= 2 * (K/32 + 16) * eps32 * magnitude (reference.matmul_fast_parts),
+  float32 summation order only;
+- fast against exact: activation rounding moves each x_k by at most d_x/2 (d_x its block's
+  scale), so |y_fast - y_exact| <= sum_b d_x,b / 2 * sum_{k in b} |w_k| plus both float bounds.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import numpy as np
+import pytest
+
+from pyinfer import _C, quants
+from pyinfer import reference as R
+
+F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
+TYPES = {"f32": F32, "f16": F16, "bf16": BF16, "q8_0": Q8_0, "q4_0": Q4_0, "q4_1": Q4_1}
+QUANT = {Q8_0, Q4_0, Q4_1}
+EPS = float(np.finfo(np.float32).eps)
+
+KS = [32, 96, 576, 1536]
+NS = [1, 7, 64, 193]
+MS = [1, 2, 5, 17, 64]
+
+
+@functools.cache
+def problem(w_type: int, k: int, n: int, m: int = max(MS)):
+    """Random activations x[m, k], weights W[n, k] encoded as w_type (raw bytes), and W as
+    dequantized float64. Rows of x have different scales; one block is all zeros."""
+    rng = np.random.default_rng(1000 * k + n + w_type)
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
+    x[0, :32] = 0
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    raw = quants.quantize(w, w_type)
+    wd = quants.dequantize(raw, w_type).reshape(n, k).astype(np.float64)
+    return x, raw, wd
+
+
+@functools.cache
+def references(w_type: int, k: int, n: int):
+    x, raw, wd = problem(w_type, k, n)
+    exact = R.matmul_exact(x, raw, w_type, n, k)
+    exact_bound = k * EPS * (np.abs(x).astype(np.float64) @ np.abs(wd).T)
+    if w_type not in QUANT:
+        return exact, exact_bound, exact, exact_bound, exact_bound
+    fast, mag = R.matmul_fast_parts(x, raw, w_type, n, k)
+    fast_bound = 2 * (k // 32 + 16) * EPS * mag
+    _, dx, _ = R.quantize_activations(x)  # [M, K/32]
+    wabs = np.abs(wd).reshape(n, k // 32, 32).sum(axis=2)  # [N, K/32]
+    act_err = 0.5 * dx.astype(np.float64) @ wabs.T
+    # Expected square of the activation-rounding error, taking each rounding as uniform on
+    # [-d_x/2, d_x/2] and independent: sum_b d_x,b^2 / 12 * sum_{k in b} w_k^2.
+    w2 = (wd * wd).reshape(n, k // 32, 32).sum(axis=2)
+    act_var = (dx.astype(np.float64) ** 2 / 12) @ w2.T
+    REF_VAR[w_type, k, n] = act_var
+    return exact, exact_bound, fast, fast_bound, act_err * (1 + 1e-5) + exact_bound + fast_bound
+
+
+REF_VAR: dict[tuple[int, int, int], np.ndarray] = {}
+
+
+def check_close(y: np.ndarray, ref: np.ndarray, bound: np.ndarray, what: str) -> None:
+    assert y.dtype == np.float32 and y.shape == ref.shape
+    err = np.abs(y.astype(np.float64) - ref)
+    bad = err > bound
+    if bad.any():
+        i = np.argwhere(bad)[0]
+        raise AssertionError(f"{what}: {bad.sum()} elements out of bound, first at {tuple(i)}: "
+                             f"y={y[tuple(i)]!r} ref={ref[tuple(i)]!r} err={err[tuple(i)]:.3g} "
+                             f"bound={bound[tuple(i)]:.3g}")
+
+
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_matmul_against_reference(isa, tname, mode, k, n):
+    w_type = TYPES[tname]
+    x, raw, _ = problem(w_type, k, n)
+    exact, exact_bound, fast, fast_bound, fast_vs_exact = references(w_type, k, n)
+    for m in MS:
+        y = _C.matmul(x[:m], raw, w_type, n, k, mode=mode)
+        if mode == "exact":
+            check_close(y, exact[:m], exact_bound[:m], f"{isa} {tname} exact M={m}")
+        else:
+            check_close(y, fast[:m], fast_bound[:m], f"{isa} {tname} fast vs NumPy fast M={m}")
+            check_close(y, exact[:m], fast_vs_exact[:m], f"{isa} {tname} fast vs exact M={m}")
+            if w_type in QUANT and m * n >= 64:
+                # The worst-case bound above is loose; the typical error is checked too: the
+                # mean square error stays within 2x its expectation.
+                mse = np.mean((y.astype(np.float64) - exact[:m]) ** 2)
+                assert mse <= 2 * np.mean(REF_VAR[w_type, k, n][:m]), (isa, tname, m)
+
+
+def test_quantize_activations_bit_exact(isa):
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((9, 320)) * rng.uniform(1e-3, 1e3, (9, 1))).astype(np.float32)
+    x[1, :32] = 0                      # all-zero block: scale 0, quants 0
+    x[2, 32:64] = np.float32(-3.5)      # amax at negative values: -127 everywhere
+    x[3, 64:96] = np.arange(32, dtype=np.float32) - 16  # halfway cases of the rounding
+    x[4, :] = np.float32(1e-30)         # tiny values
+    q, d, s = _C.quantize_activations(x)
+    rq, rd, rs = R.quantize_activations(x)
+    np.testing.assert_array_equal(q, rq)
+    np.testing.assert_array_equal(d.view(np.uint32), rd.view(np.uint32))
+    np.testing.assert_array_equal(s, rs)
+    assert np.abs(q.astype(np.int32)).max() <= 127
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_threads_bitwise_identical(isa, tname, mode):
+    w_type = TYPES[tname]
+    k, n = 576, 1000
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    raw = quants.quantize(w, w_type)
+    for m in (1, 17):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        y1 = _C.matmul(x, raw, w_type, n, k, mode=mode, n_threads=1)
+        for t in (2, 3):
+            yt = _C.matmul(x, raw, w_type, n, k, mode=mode, n_threads=t)
+            np.testing.assert_array_equal(y1.view(np.uint32), yt.view(np.uint32))
+
+
+def test_two_python_threads_at_once():
+    """Two Python threads, each asking for two pool threads, get the single-threaded results."""
+    rng = np.random.default_rng(5)
+    k, n = 576, 777
+    jobs = []
+    for w_type, mode in [(Q4_1, "fast"), (Q8_0, "exact"), (F16, "fast"), (Q4_0, "fast")]:
+        raw = quants.quantize(rng.standard_normal((n, k)).astype(np.float32), w_type)
+        x = rng.standard_normal((3, k)).astype(np.float32)
+        jobs.append((x, raw, w_type, mode, _C.matmul(x, raw, w_type, n, k, mode=mode)))
+    errors: list[str] = []
+
+    def worker(offset: int) -> None:
+        for i in range(60):
+            x, raw, w_type, mode, want = jobs[(i + offset) % len(jobs)]
+            got = _C.matmul(x, raw, w_type, n, k, mode=mode, n_threads=2)
+            if not np.array_equal(got, want):
+                errors.append(f"type {w_type} {mode}: wrong result")
+
+    threads = [threading.Thread(target=worker, args=(o,)) for o in (0, 1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+
+
+def test_out_argument_and_typed_weights():
+    rng = np.random.default_rng(9)
+    k, n = 64, 5
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    want = _C.matmul(x, w.view(np.uint8).reshape(-1), F32, n, k)
+    out = np.full((2, n), np.nan, np.float32)
+    got = _C.matmul(x, w, F32, n, k, mode="exact", out=out)  # a float32 [n, k] array as W
+    assert got is out or np.shares_memory(got, out)
+    np.testing.assert_array_equal(out, want)
+    h = w.astype(np.float16)
+    np.testing.assert_array_equal(_C.matmul(x, h, F16, n, k), _C.matmul(x, h.view(np.uint8), F16, n, k))
+
+
+def test_validation_errors():
+    k, n = 64, 3
+    x = np.zeros((2, k), np.float32)
+    w = np.zeros((n, k), np.float32)
+    with pytest.raises(ValueError, match="mode"):
+        _C.matmul(x, w, F32, n, k, mode="approximate")
+    with pytest.raises(ValueError, match="float32"):
+        _C.matmul(x.astype(np.float64), w, F32, n, k)
+    with pytest.raises(ValueError, match="float32"):
+        _C.matmul(np.zeros((2, 2 * k), np.float32)[:, ::2], w, F32, n, k)  # not contiguous
+    with pytest.raises(ValueError, match="shape"):
+        _C.matmul(np.zeros((2, 32), np.float32), w, F32, n, k)
+    with pytest.raises(ValueError, match="bytes"):
+        _C.matmul(x, w[:2], F32, n, k)
+    with pytest.raises(ValueError, match="type"):
+        _C.matmul(x, w, 12, n, k)  # Q4_K: not a matmul type
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _C.matmul(np.zeros((2, 48), np.float32), np.zeros((n, 48), np.float32), F32, n, 48)
+    with pytest.raises(ValueError, match="n_threads"):
+        _C.matmul(x, w, F32, n, k, n_threads=0)
+    with pytest.raises(ValueError, match="out"):
+        _C.matmul(x, w, F32, n, k, out=np.zeros((2, n + 1), np.float32))
+    with pytest.raises(ValueError, match="overlap"):
+        buf = np.zeros((2, k), np.float32)
+        _C.matmul(buf, w, F32, n, k, out=buf.reshape(-1)[: 2 * n].reshape(2, n))
+
+
+def test_empty_m():
+    y = _C.matmul(np.zeros((0, 32), np.float32), np.zeros((4, 32), np.float32), F32, 4, 32)
+    assert y.shape == (0, 4)
+
+
+def test_pool_size():
+    before = _C.pool_size()
+    _C.set_pool_size(3)
+    assert _C.pool_size() == 3
+    _C.set_pool_size(1)
+    assert _C.pool_size() == 1
+    x = np.ones((1, 32), np.float32)
+    # A call asking for more threads than the pool has grows it.
+    y = _C.matmul(x, np.ones((64, 32), np.float32), F32, 64, 32, n_threads=2)
+    assert _C.pool_size() >= 2 and np.all(y == 32)
+    _C.set_pool_size(max(before, 1))
+    with pytest.raises(ValueError):
+        _C.set_pool_size(0)
+
+
+# ---- the 16-row packed layout ----------------------------------------------------------------
+
+QTYPES = {name: t for name, t in TYPES.items() if t in QUANT}
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 64, 193])
+@pytest.mark.parametrize("tname", list(QTYPES))
+def test_repack_round_trip(tname, n):
+    w_type, k = QTYPES[tname], 96
+    _, raw, _ = problem(w_type, k, n)
+    packed = _C.repack(raw, w_type, n, k)
+    row_bytes = raw.size // n
+    assert packed.size == -(-n // 16) * 16 * row_bytes
+    np.testing.assert_array_equal(_C.unpack(packed, w_type, n, k), raw)
+    # Padding rows unpack to zero-scale blocks (Q8_0 quants 0).
+    n_pad = -(-n // 16) * 16
+    tail = _C.unpack(packed, w_type, n_pad, k)[n * row_bytes:]
+    assert np.all(R.matmul_exact(np.ones((1, k), np.float32), tail, w_type, n_pad - n, k) == 0)
+
+
+@pytest.mark.parametrize("n", NS)
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("tname", list(QTYPES))
+def test_packed_matmul(isa, tname, k, n):
+    """Packed fast mode on every path equals the scalar reference kernel on the unpacked W
+    bit for bit (same integer sums, same float operations per row); packed exact mode equals
+    unpacked exact mode on the same path."""
+    w_type = QTYPES[tname]
+    x, raw, _ = problem(w_type, k, n)
+    _, _, fast, fast_bound, _ = references(w_type, k, n)
+    packed = _C.repack(raw, w_type, n, k)
+    _C.set_isa("scalar")
+    want = _C.matmul(x, raw, w_type, n, k, mode="fast")
+    _C.set_isa(isa)
+    for m in MS:
+        y = _C.matmul(x[:m], packed, w_type, n, k, mode="fast", packed=True)
+        check_close(y, fast[:m], fast_bound[:m], f"{isa} {tname} packed fast M={m}")
+        np.testing.assert_array_equal(y.view(np.uint32), want[:m].view(np.uint32))
+        ye = _C.matmul(x[:m], packed, w_type, n, k, mode="exact", packed=True)
+        np.testing.assert_array_equal(ye, _C.matmul(x[:m], raw, w_type, n, k, mode="exact"))
+
+
+@pytest.mark.parametrize("tname", list(QTYPES))
+def test_packed_threads_bitwise_identical(isa, tname):
+    w_type, k, n = QTYPES[tname], 576, 1000
+    rng = np.random.default_rng(4)
+    packed = _C.repack(quants.quantize(rng.standard_normal((n, k)).astype(np.float32), w_type), w_type, n, k)
+    for m in (1, 17):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        y1 = _C.matmul(x, packed, w_type, n, k, packed=True, n_threads=1)
+        y2 = _C.matmul(x, packed, w_type, n, k, packed=True, n_threads=2)
+        np.testing.assert_array_equal(y1.view(np.uint32), y2.view(np.uint32))
+
+
+def test_packed_validation():
+    k, n = 64, 3
+    raw = quants.quantize(np.zeros((n, k), np.float32), Q4_1)
+    with pytest.raises(ValueError, match="Q8_0, Q4_0 or Q4_1"):
+        _C.repack(np.zeros((n, k), np.float32), F32, n, k)
+    with pytest.raises(ValueError, match="rows"):
+        _C.repack(raw[:-1], Q4_1, n, k)
+    with pytest.raises(ValueError, match="bytes"):
+        _C.matmul(np.zeros((1, k), np.float32), raw, Q4_1, n, k, packed=True)  # not repacked
+    with pytest.raises(ValueError, match="packed"):
+        _C.matmul(np.zeros((1, k), np.float32), np.zeros((n, k), np.float32), F32, n, k, packed=True)
+    with pytest.raises(ValueError, match="bytes"):
+        _C.unpack(raw, Q4_1, n, k)
