@@ -15,6 +15,7 @@
 #include "kv_cache.h"
 #include "ops.h"
 #include "matmul.h"
+#include "model_llama.h"
 #include "threadpool.h"
 
 namespace py = pybind11;
@@ -447,6 +448,107 @@ py::tuple quantize_activations_py(py::array x) {
   return py::make_tuple(q, d, sum);
 }
 
+// ---- the llama forward -------------------------------------------------------------------
+
+// A model and the NumPy arrays (views of the mapped GGUF file) its weights point into.
+struct PyLlamaModel {
+  std::shared_ptr<LlamaModel> model;
+  py::list keep_alive;
+};
+
+// tensors[name] = (array, ggml type, rows, cols): a C-contiguous array of exactly rows rows of
+// the type's encoding. A missing name gives an empty reference, which the model reports.
+WeightRef weight_ref(const py::dict& tensors, const char* name, py::list& keep) {
+  if (!tensors.contains(name)) return WeightRef{};
+  const py::tuple t = tensors[name].cast<py::tuple>();
+  if (t.size() != 4) throw py::value_error(std::string(name) + ": expected (array, type, rows, cols)");
+  const py::array a = t[0].cast<py::array>();
+  const auto type = t[1].cast<uint32_t>();
+  const auto rows = t[2].cast<int64_t>(), cols = t[3].cast<int64_t>();
+  const TypeSize ts = type_size(type);
+  if (ts.block_elems == 0 || rows < 1 || cols < 1 || cols % ts.block_elems != 0)
+    throw py::value_error(std::string(name) + ": unsupported type " + std::to_string(type) + " or shape");
+  if (!(a.flags() & py::array::c_style) ||
+      a.nbytes() != static_cast<py::ssize_t>(rows * (cols / ts.block_elems) * ts.block_bytes))
+    throw py::value_error(std::string(name) + ": array is not C-contiguous or not " + std::to_string(rows) +
+                          " rows of " + std::to_string(cols) + " elements of type " + std::to_string(type));
+  keep.append(a);
+  return WeightRef{a.data(), type, rows, cols};
+}
+
+const float* norm_ref(const py::dict& tensors, const char* name, int64_t n, py::list& keep) {
+  if (!tensors.contains(name)) return nullptr;
+  const WeightRef w = weight_ref(tensors, name, keep);
+  if (w.type != GGML_F32 || w.rows * w.cols != n)
+    throw py::value_error(std::string(name) + ": expected " + std::to_string(n) + " float32 values");
+  return static_cast<const float*>(w.data);
+}
+
+PyLlamaModel make_llama(const py::dict& cfg, const py::dict& tensors, bool repack) {
+  LlamaConfig c;
+  c.n_layer = cfg["n_layer"].cast<int64_t>();
+  c.n_embd = cfg["n_embd"].cast<int64_t>();
+  c.n_head = cfg["n_head"].cast<int64_t>();
+  c.n_head_kv = cfg["n_head_kv"].cast<int64_t>();
+  c.head_dim = cfg["head_dim"].cast<int64_t>();
+  c.n_ff = cfg["n_ff"].cast<int64_t>();
+  c.n_vocab = cfg["n_vocab"].cast<int64_t>();
+  c.rope_base = cfg["rope_base"].cast<float>();
+  c.rms_eps = cfg["rms_eps"].cast<float>();
+  if (c.n_layer < 1 || c.n_layer > 100000) throw py::value_error("n_layer out of range");
+  PyLlamaModel out;
+  py::list& keep = out.keep_alive;
+  LlamaWeights w;
+  w.tok_embd = weight_ref(tensors, "token_embd.weight", keep);
+  w.output_norm = norm_ref(tensors, "output_norm.weight", c.n_embd, keep);
+  w.output = tensors.contains("output.weight") ? weight_ref(tensors, "output.weight", keep) : w.tok_embd;
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    const std::string b = "blk." + std::to_string(il) + ".";
+    auto ref = [&](const char* n) { return weight_ref(tensors, (b + n).c_str(), keep); };
+    LlamaLayerWeights L;
+    L.attn_norm = norm_ref(tensors, (b + "attn_norm.weight").c_str(), c.n_embd, keep);
+    L.ffn_norm = norm_ref(tensors, (b + "ffn_norm.weight").c_str(), c.n_embd, keep);
+    L.wq = ref("attn_q.weight");
+    L.wk = ref("attn_k.weight");
+    L.wv = ref("attn_v.weight");
+    L.wo = ref("attn_output.weight");
+    L.gate = ref("ffn_gate.weight");
+    L.up = ref("ffn_up.weight");
+    L.down = ref("ffn_down.weight");
+    w.layers.push_back(L);
+  }
+  {
+    py::gil_scoped_release release;  // repacking reads the whole file
+    out.model = std::make_shared<LlamaModel>(c, w, repack);
+  }
+  return out;
+}
+
+MatmulMode parse_mode(const std::string& mode) {
+  if (mode == "fast") return MatmulMode::fast;
+  if (mode == "exact") return MatmulMode::exact;
+  throw py::value_error("precision must be 'fast' or 'exact', got '" + mode + "'");
+}
+
+// Runs ids (int32 [n]) through the context; logits is float32 [n or 1, n_vocab], written in place.
+void llama_eval_py(LlamaContext& ctx, py::array ids, py::array logits, bool all_logits,
+                   const std::string& mode, int n_threads) {
+  if (ids.ndim() != 1 || !ids.dtype().is(py::dtype::of<int32_t>()) || !(ids.flags() & py::array::c_style))
+    throw py::value_error("ids must be a 1-D C-contiguous int32 array");
+  const int64_t n = ids.shape(0);
+  const int64_t rows = all_logits ? n : 1;
+  const int64_t n_vocab = ctx.n_vocab();
+  if (!is_c_f32(logits) || !logits.writeable() || logits.ndim() != 2 || logits.shape(0) != rows ||
+      logits.shape(1) != n_vocab)
+    throw py::value_error("logits must be a writeable C-contiguous float32 array [" + std::to_string(rows) +
+                          ", " + std::to_string(n_vocab) + "]");
+  const MatmulMode m = parse_mode(mode);
+  const auto* p_ids = static_cast<const int32_t*>(ids.data());
+  auto* p_logits = static_cast<float*>(logits.mutable_data());
+  py::gil_scoped_release release;
+  ctx.eval(p_ids, n, p_logits, all_logits, m, n_threads);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -540,4 +642,25 @@ PYBIND11_MODULE(_C, m) {
         "Causal grouped-query attention of q[M, n_head * head_dim] (float32) at positions pos..pos+M-1 "
         "against the cache's layer (which must hold them); scale defaults to 1/sqrt(head_dim); window > 0 "
         "limits each query to its last `window` keys. Returns [M, n_head * head_dim].");
+
+  py::class_<PyLlamaModel>(m, "LlamaModel", "Weights of a llama-family model, shared by its contexts.")
+      .def(py::init(&make_llama), py::arg("config"), py::arg("tensors"), py::arg("repack") = true,
+           "config: n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, rope_base, rms_eps; "
+           "tensors: GGUF name -> (array, type, rows, cols). repack: make the 16-row interleaved copy of "
+           "quantized matrices once, for the fast path.")
+      .def_property_readonly("repacked_bytes", [](const PyLlamaModel& p) { return p.model->repacked_bytes(); });
+  py::class_<LlamaContext>(m, "LlamaContext", "One sequence: KV cache, position, scratch for n_batch tokens.")
+      .def(py::init([](const PyLlamaModel& model, int64_t n_ctx, int64_t n_batch, py::object kv_dtype) {
+             return new LlamaContext(model.model, n_ctx, n_batch, parse_kv_dtype(kv_dtype));
+           }),
+           py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("kv_dtype") = "float32")
+      .def("eval", &llama_eval_py, py::arg("ids"), py::arg("logits"), py::arg("all_logits"), py::arg("precision"),
+           py::arg("n_threads"),
+           "Run int32 ids (1..n_batch of them) at the next positions; write the logits of every token "
+           "(all_logits) or of the last into logits [rows, n_vocab].")
+      .def("truncate", &LlamaContext::truncate, py::arg("n"), "Forget positions >= n.")
+      .def_property_readonly("n_past", &LlamaContext::n_past)
+      .def_property_readonly("n_ctx", &LlamaContext::n_ctx)
+      .def_property_readonly("n_batch", &LlamaContext::n_batch)
+      .def_property_readonly("kv_nbytes", [](const LlamaContext& c) { return c.cache().nbytes(); });
 }

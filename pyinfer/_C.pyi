@@ -162,3 +162,33 @@ def attention(
     against the cache's layer, which must already hold them. Query head h reads KV head
     h // (n_head / n_head_kv); scale defaults to 1/sqrt(head_dim); window > 0 limits each query
     to its last `window` keys. Any n_threads gives the same bits. Returns [M, n_head * head_dim]."""
+
+class LlamaModel:
+    """Weights of a llama-family model, shared by its contexts."""
+
+    repacked_bytes: int
+
+    def __init__(self, config: dict[str, Any], tensors: dict[str, tuple[Any, int, int, int]],
+                 repack: bool = True) -> None:
+        """config: n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, rope_base,
+        rms_eps; tensors: GGUF name -> (array, type, rows, cols). With repack, quantized
+        matrices get a 16-row interleaved copy for the fast path."""
+
+class LlamaContext:
+    """One sequence: KV cache, position, scratch for n_batch tokens per eval."""
+
+    n_past: int
+    n_ctx: int
+    n_batch: int
+    kv_nbytes: int
+
+    def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, kv_dtype: Any = "float32") -> None:
+        """An empty sequence of at most n_ctx positions."""
+
+    def eval(self, ids: npt.NDArray[np.int32], logits: npt.NDArray[np.float32], all_logits: bool,
+             precision: str, n_threads: int) -> None:
+        """Run 1..n_batch int32 ids at the next positions; write the logits of every token
+        (all_logits) or of the last into logits [rows, n_vocab]."""
+
+    def truncate(self, n: int) -> None:
+        """Forget positions >= n."""

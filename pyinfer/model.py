@@ -1,0 +1,255 @@
+"""Model: a llama-family GGUF loaded once (weights memory-mapped, quantized matrices repacked
+for the fast kernels), with contexts that each hold a KV cache and a position."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pyinfer import _C
+from pyinfer.gguf import GGUFReader
+from pyinfer.models import ModelArg, resolve_model
+from pyinfer.tokenizer import Tokenizer
+
+PRECISIONS = ("fast", "exact")
+KV_DTYPES = ("float32", "float16")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Dimensions and constants of a llama-family model, from GGUF metadata."""
+
+    architecture: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    rope_base: float
+    rms_eps: float
+
+    @classmethod
+    def from_gguf(cls, r: GGUFReader) -> ModelConfig:
+        arch = r.metadata.get("general.architecture")
+        if arch != "llama":
+            raise ValueError(f"{r.path}: architecture {arch!r} is not supported (supported: llama)")
+
+        def get(key: str, default: Any = None) -> Any:
+            v = r.metadata.get(f"{arch}.{key}", default)
+            if v is None:
+                raise ValueError(f"{r.path}: metadata key {arch}.{key} is missing")
+            return v
+
+        n_embd, n_head = int(get("embedding_length")), int(get("attention.head_count"))
+        emb = r.tensors.get("token_embd.weight")
+        if emb is None:
+            raise ValueError(f"{r.path}: tensor token_embd.weight is missing")
+        return cls(
+            architecture=arch,
+            n_layer=int(get("block_count")),
+            n_embd=n_embd,
+            n_head=n_head,
+            n_head_kv=int(get("attention.head_count_kv", n_head)),
+            head_dim=int(get("attention.key_length", n_embd // n_head)),
+            n_ff=int(get("feed_forward_length")),
+            n_vocab=int(emb.shape[1]),
+            n_ctx_train=int(get("context_length", 2048)),
+            rope_base=float(get("rope.freq_base", 10000.0)),
+            rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        )
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def _check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def default_threads() -> int:
+    """Cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+class Context:
+    """One sequence on a model: its KV cache and position.
+
+    `eval(ids)` runs tokens at the next positions and returns the last token's logits;
+    several contexts of one model may run at once from different threads. One context is
+    for one thread at a time (a second concurrent call raises RuntimeError).
+    """
+
+    def __init__(self, model: Model, n_ctx: int, n_batch: int, kv_dtype: str) -> None:
+        self.model = model
+        self._ctx = _C.LlamaContext(model._native, n_ctx, n_batch, kv_dtype)
+        self._last = np.empty((1, model.n_vocab), np.float32)
+
+    @property
+    def n_ctx(self) -> int:
+        return self._ctx.n_ctx
+
+    @property
+    def n_past(self) -> int:
+        return self._ctx.n_past
+
+    @property
+    def n_batch(self) -> int:
+        return self._ctx.n_batch
+
+    def _ids(self, ids: Any) -> np.ndarray:
+        a = np.asarray(ids)
+        if a.ndim != 1 or a.size == 0 or not (np.issubdtype(a.dtype, np.integer)):
+            raise ValueError("ids must be a non-empty 1-D sequence of integers")
+        if a.min() < 0 or a.max() >= self.model.n_vocab:
+            bad = int(a[(a < 0) | (a >= self.model.n_vocab)][0])
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.model.n_vocab})")
+        if self.n_past + a.size > self.n_ctx:
+            raise ValueError(f"context full: {self.n_past} + {a.size} tokens exceed n_ctx {self.n_ctx}")
+        return np.ascontiguousarray(a, dtype=np.int32)
+
+    def eval(self, ids: Any, *, all_logits: bool = False) -> np.ndarray:
+        """Run ids at positions n_past.. (any count: chunks of n_batch), appending them to the
+        cache. Returns the last token's logits [n_vocab], or with all_logits every token's
+        [len(ids), n_vocab]. The last-token row is a view reused by the next call."""
+        a = self._ids(ids)
+        m = self.model
+        out = np.empty((a.size, m.n_vocab), np.float32) if all_logits else self._last
+        for start in range(0, a.size, self.n_batch):
+            chunk = a[start : start + self.n_batch]
+            if all_logits:
+                self._ctx.eval(chunk, out[start : start + chunk.size], True, m.precision, m.n_threads)
+            else:
+                self._ctx.eval(chunk, out, False, m.precision, m.n_threads)
+        return out if all_logits else out[0]
+
+    def truncate(self, n: int) -> None:
+        """Forget positions >= n (the KV cache keeps the first n)."""
+        self._ctx.truncate(n)
+
+    def reset(self) -> None:
+        """Empty the sequence."""
+        self._ctx.truncate(0)
+
+    @property
+    def kv_nbytes(self) -> int:
+        return self._ctx.kv_nbytes
+
+
+class Model:
+    """A loaded llama-family GGUF model.
+
+    >>> m = Model.load()                      # the default model
+    >>> ctx = m.context()
+    >>> logits = ctx.eval(m.tokenize("The capital of France is"))
+    """
+
+    def __init__(self, reader: GGUFReader, *, n_ctx: int | None = None, n_threads: int | None = None,
+                 precision: str = "fast", n_batch: int = 512, kv_dtype: str = "float32",
+                 repack: bool | None = None) -> None:
+        self.reader = reader
+        self.config = ModelConfig.from_gguf(reader)
+        self.precision = _check_choice("precision", precision, PRECISIONS)
+        self.kv_dtype = _check_choice("kv_dtype", kv_dtype, KV_DTYPES)
+        self.n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else min(self.config.n_ctx_train, 4096))
+        self.n_threads = _check_positive_int("n_threads", n_threads if n_threads is not None else default_threads())
+        self.n_batch = _check_positive_int("n_batch", n_batch)
+        self._tokenizer: Tokenizer | None = None
+        if repack is None:
+            # The interleaved layout has SIMD kernels on the AVX-512 path only.
+            repack = _C.get_isa() == "avx512"
+        c = self.config
+        tensors = {name: (reader.tensor(name), int(t.type), t.n_elements // t.shape[0], t.shape[0])
+                   for name, t in reader.tensors.items()}
+        cfg = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "n_head_kv": c.n_head_kv,
+               "head_dim": c.head_dim, "n_ff": c.n_ff, "n_vocab": c.n_vocab, "rope_base": c.rope_base,
+               "rms_eps": c.rms_eps}
+        self._native = _C.LlamaModel(cfg, tensors, bool(repack))
+
+    @classmethod
+    def load(cls, model: ModelArg = None, **kwargs: Any) -> Model:
+        """Load a GGUF path or known model name (None: the default model)."""
+        return cls(GGUFReader(resolve_model(model)), **kwargs)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """Built from the file's metadata on first use (a model can be run on ids without one)."""
+        if self._tokenizer is None:
+            self._tokenizer = Tokenizer(self.reader.metadata)
+        return self._tokenizer
+
+    @property
+    def n_vocab(self) -> int:
+        return self.config.n_vocab
+
+    @property
+    def repacked_bytes(self) -> int:
+        """Memory used by the repacked copies of the weights (the rest stays mapped)."""
+        return self._native.repacked_bytes
+
+    @property
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads."""
+        from pyinfer.info import model_info
+
+        return model_info(self.reader)["weight_bytes_per_token"]
+
+    def context(self, n_ctx: int | None = None, *, n_batch: int | None = None) -> Context:
+        """A new sequence with its own KV cache."""
+        n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else self.n_ctx)
+        n_batch = _check_positive_int("n_batch", n_batch if n_batch is not None else min(self.n_batch, n_ctx))
+        return Context(self, n_ctx, n_batch, self.kv_dtype)
+
+    # -- tokens --
+
+    def tokenize(self, text: str, add_bos: bool | None = None, special: bool = False) -> list[int]:
+        return self.tokenizer.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, ids: Any) -> bytes:
+        return self.tokenizer.detokenize(ids)
+
+    # -- scoring --
+
+    def logits(self, ids: Any) -> np.ndarray:
+        """Logits at every position of ids, from a fresh context: [len(ids), n_vocab]."""
+        n = len(ids)
+        if n == 0:
+            raise ValueError("ids must not be empty")
+        return self.context(n_ctx=max(n, 1)).eval(ids, all_logits=True)
+
+    def perplexity(self, text: str, window: int = 512, *, add_bos: bool = False) -> float:
+        """Perplexity of text scored in non-overlapping windows, each from an empty cache
+        (every token but the first of each window is predicted)."""
+        window = _check_positive_int("window", window)
+        if window < 2:
+            raise ValueError("window must be at least 2")
+        ids = self.tokenize(text, add_bos=add_bos)
+        if len(ids) < 2:
+            raise ValueError("text must have at least 2 tokens")
+        ctx = self.context(n_ctx=window)
+        nll, count = 0.0, 0
+        for start in range(0, len(ids) - 1, window):
+            chunk = ids[start : start + window]
+            if len(chunk) < 2:
+                break
+            ctx.reset()
+            lg = ctx.eval(chunk, all_logits=True)[:-1].astype(np.float64)
+            mx = lg.max(axis=1, keepdims=True)
+            lse = (mx[:, 0] + np.log(np.exp(lg - mx).sum(axis=1)))
+            nll += float((lse - lg[np.arange(len(chunk) - 1), chunk[1:]]).sum())
+            count += len(chunk) - 1
+        return math.exp(nll / count)
