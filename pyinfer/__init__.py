@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pyinfer import _C
 from pyinfer.bandwidth import measure_read_bandwidth
-from pyinfer.errors import GGUFError
+from pyinfer.chat import ChatTemplate
+from pyinfer.errors import ChatTemplateError, ContextOverflowError, GGUFError
+from pyinfer.generate import CancelToken, Completion, CompletionChunk, Timings
+from pyinfer.model import Context, Model
+from pyinfer.sampling import SamplingParams
 from pyinfer.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
@@ -19,4 +23,20 @@ def cpu_info() -> dict:
     return _C.cpu_info()
 
 
-__all__ = ["GGUFError", "Tokenizer", "__version__", "cpu_info", "measure_read_bandwidth"]
+__all__ = [
+    "CancelToken",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "Completion",
+    "CompletionChunk",
+    "ContextOverflowError",
+    "GGUFError",
+    "Model",
+    "Context",
+    "SamplingParams",
+    "Timings",
+    "Tokenizer",
+    "__version__",
+    "cpu_info",
+    "measure_read_bandwidth",
+]

@@ -1,10 +1,12 @@
-"""The `pyinfer` command line: `pyinfer info | pull`."""
+"""The `pyinfer` command line: `pyinfer run | chat | info | pull`."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+from typing import Any, TextIO
 
 from pyinfer.errors import GGUFError
 from pyinfer.models import DEFAULT_MODEL, KNOWN_MODELS, ModelNotFoundError, pull, resolve_model
@@ -33,9 +35,135 @@ def _cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- run and chat --------------------------------------------------------------------------
+
+
+def _load_model(args: argparse.Namespace) -> Any:
+    from pyinfer.model import Model
+
+    return Model.load(args.model, n_ctx=args.ctx, n_threads=args.threads, precision=args.precision)
+
+
+def _sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_k": args.top_k,
+            "top_p": args.top_p, "min_p": args.min_p, "repeat_penalty": args.repeat_penalty,
+            "seed": args.seed}
+
+
+def timing_line(timings: Any, weight_bytes: int) -> str:
+    """TTFT, prefill and decode speed, and the weight bandwidth decode achieved."""
+    tps = timings.decode_tokens_per_s
+    ttft = timings.ttft_s if timings.ttft_s is not None else float("nan")
+    return (f"[TTFT {ttft * 1e3:.0f} ms | prefill {timings.prompt_tokens} tok at "
+            f"{timings.prefill_tokens_per_s:.0f} tok/s | decode {timings.sampled_tokens} tok at {tps:.1f} tok/s, "
+            f"{tps * weight_bytes / 1e9:.1f} GB/s of weights]")
+
+
+def _stream(model: Any, chunks: Any, out: TextIO) -> tuple[str, Any]:
+    """Print a stream as it comes; Ctrl-C ends it cleanly. Returns (text, last chunk)."""
+    text, last = [], None
+    try:
+        for last in chunks:
+            out.write(last.text)
+            out.flush()
+            text.append(last.text)
+    except KeyboardInterrupt:
+        chunks.close()
+        out.write("\n")
+        raise
+    return "".join(text), last
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    model = _load_model(args)
+    kw = _sampling_kwargs(args)
+    use_chat = not args.raw and "tokenizer.chat_template" in model.reader.metadata
+    if use_chat:
+        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages.append({"role": "user", "content": args.prompt})
+    if args.json:
+        c = model.chat(messages, **kw) if use_chat else model.generate(args.prompt, **kw)
+        out = dataclasses.asdict(c)
+        out["timings"]["decode_tokens_per_s"] = c.timings.decode_tokens_per_s
+        out["timings"]["prefill_tokens_per_s"] = c.timings.prefill_tokens_per_s
+        print(json.dumps(out, indent=1))
+        return 0
+    chunks = model.chat(messages, stream=True, **kw) if use_chat else model.generate(args.prompt, stream=True, **kw)
+    try:
+        _, last = _stream(model, chunks, sys.stdout)
+    except KeyboardInterrupt:
+        return 130
+    print()
+    if last is not None and last.timings is not None:
+        print(timing_line(last.timings, model.weight_bytes_per_token), file=sys.stderr)
+    return 0
+
+
+def _cmd_chat(args: argparse.Namespace) -> int:
+    model = _load_model(args)
+    kw = _sampling_kwargs(args)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    history: list[dict[str, str]] = []
+    print("pyinfer chat: /reset forgets the conversation, /exit (or Ctrl-D) quits.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
+            return 0
+        cmd = line.strip()
+        if not cmd:
+            continue
+        if cmd in ("/exit", "/quit"):
+            return 0
+        if cmd == "/reset":
+            history.clear()
+            print("(conversation cleared)", file=sys.stderr)
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            text, last = _stream(model, model.chat(system + history, stream=True, **kw), sys.stdout)
+        except KeyboardInterrupt:
+            history.pop()  # the reply was cut short: forget the question too
+            continue
+        print()
+        history.append({"role": "assistant", "content": text})
+        if last is not None and last.timings is not None and args.verbose:
+            print(timing_line(last.timings, model.weight_bytes_per_token), file=sys.stderr)
+
+
+def _add_generation_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", "-m", default=None, help="GGUF path or known model name (default: smollm2)")
+    p.add_argument("--threads", "-t", type=int, default=None, help="threads (default: all cores)")
+    p.add_argument("--ctx", "-c", type=int, default=2048, help="context length in tokens (default: %(default)s)")
+    p.add_argument("--max-tokens", "-n", type=int, default=512, help="tokens to generate at most (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=40, help="0 is off (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=0.95, help="1 is off (default: %(default)s)")
+    p.add_argument("--min-p", type=float, default=0.05, help="0 is off (default: %(default)s)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 is off (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
+    p.add_argument("--precision", choices=["fast", "exact"], default="fast",
+                   help="fast: 8-bit activations, integer dot products; exact: float32 (default: %(default)s)")
+    p.add_argument("--system", default=None, help="a system message for chat models")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pyinfer", description="Fast LLM inference on CPUs.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="generate a reply to PROMPT, streamed, with a timing line on stderr")
+    run.add_argument("prompt")
+    _add_generation_options(run)
+    run.add_argument("--raw", action="store_true",
+                     help="continue PROMPT as plain text instead of answering it through the chat template")
+    run.add_argument("--json", action="store_true", help="print the whole completion as JSON, timings included")
+    run.set_defaults(func=_cmd_run)
+
+    chat = sub.add_parser("chat", help="an interactive chat (/reset, /exit)")
+    _add_generation_options(chat)
+    chat.add_argument("--verbose", "-v", action="store_true", help="a timing line after each reply")
+    chat.set_defaults(func=_cmd_chat)
 
     info = sub.add_parser("info", help="describe a model: dimensions, tensors, bytes per token")
     info.add_argument("model", nargs="?", default=None, help="GGUF path or known model name (default: smollm2)")
