@@ -93,7 +93,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _, last = _stream(model, chunks, sys.stdout)
     except KeyboardInterrupt:
         return 130
-    print()
+    print(flush=True)
     if last is not None and last.timings is not None:
         print(timing_line(last.timings, model.weight_bytes_per_token), file=sys.stderr)
     return 0
@@ -126,7 +126,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             history.pop()  # the reply was cut short: forget the question too
             continue
-        print()
+        print(flush=True)
         history.append({"role": "assistant", "content": text})
         if last is not None and last.timings is not None and args.verbose:
             print(timing_line(last.timings, model.weight_bytes_per_token), file=sys.stderr)
