@@ -7,6 +7,7 @@ from pyinfer.bandwidth import measure_read_bandwidth
 from pyinfer.chat import ChatTemplate
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, GGUFError
 from pyinfer.generate import CancelToken, Completion, CompletionChunk, Timings
+from pyinfer.llama_compat import Llama
 from pyinfer.model import Context, Model
 from pyinfer.sampling import SamplingParams
 from pyinfer.tokenizer import Tokenizer
@@ -31,6 +32,7 @@ __all__ = [
     "CompletionChunk",
     "ContextOverflowError",
     "GGUFError",
+    "Llama",
     "Model",
     "Context",
     "SamplingParams",

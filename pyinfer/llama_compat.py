@@ -1,0 +1,1054 @@
+"""`pyinfer.Llama`: the part of llama-cpp-python's `Llama` class most applications use, with
+its signatures, defaults and OpenAI-shaped result dicts, running on pyinfer's model.
+
+An application written against llama-cpp-python 0.3 switches by changing its import:
+
+    from pyinfer import Llama          # was: from llama_cpp import Llama
+    llm = Llama(model_path="model.gguf", n_ctx=2048, seed=1337)
+    out = llm("Q: Name the planets in the solar system? A: ", max_tokens=32, stop=["Q:", "\\n"])
+    print(out["choices"][0]["text"])
+
+What matches llama-cpp-python:
+
+- `create_completion` / `__call__` and `create_chat_completion` take the same arguments with
+  the same defaults, and return the same dicts ("text_completion", "chat.completion") or
+  stream the same chunks ("chat.completion.chunk": a first delta {"role": "assistant"}, then
+  {"content": ...}, then {} with the finish_reason).
+- A text prompt is tokenized with special=True and the file's BOS rule; a prompt of n_ctx
+  tokens or more raises ValueError("Requested tokens (N) exceed context window of M")
+  (`pyinfer.ContextOverflowError`, a ValueError); max_tokens None or <= 0 generates until the
+  context is full.
+- `tokenize(bytes, add_bos=True, special=False)`: as in llama.cpp, add_bos=True adds the BOS
+  token only when the file asks for one (`tokenizer.ggml.add_bos_token`).
+- One context belongs to the object: `eval(tokens)` appends to it (from position `n_tokens`,
+  which a caller may lower to rewind), `reset()` empties it, `input_ids` [n_ctx] holds its
+  tokens and `scores` [n_ctx, n_vocab] float32 their logits: every evaluated row with
+  logits_all=True, else the row of the last token evaluated. Completions run in the same
+  context and, like llama-cpp-python, reuse the longest common prefix of the previous
+  sequence and the new prompt: only the rest of the prompt is evaluated.
+- Seeds: `Llama(seed=s)` with s >= 0 makes a run of calls reproducible (each call without a
+  seed derives the next seed from the previous one, as llama-cpp-python does); a per-call
+  `seed` fixes that call. seed=-1 or LLAMA_DEFAULT_SEED (the default) means random.
+
+Where it differs (pyinfer runs on CPUs only, and some features are not implemented):
+
+- Keyword arguments that only place or tune work on other hardware (`n_gpu_layers`,
+  `use_mmap`, `use_mlock`, `n_ubatch`, `flash_attn`, ... see IGNORED_KWARGS) are accepted
+  and ignored. Those that would change results and are not implemented (`lora_path`,
+  `kv_overrides`, `draft_model`, `embedding=True`, ...) raise NotImplementedError unless left
+  at their default. An unknown keyword raises TypeError (llama-cpp-python ignores it).
+- Sampling: `typical_p` other than 1, `mirostat_mode` other than 0, `grammar`,
+  `logits_processor`, `stopping_criteria`, JSON `response_format`, function calling and
+  forced `tool_choice` raise NotImplementedError. Temperature is applied before top-k/top-p/
+  min-p (see pyinfer.sampling), and the repetition penalties look at the prompt as well as
+  the generated tokens (llama-cpp-python: the generated ones only), so sampled (not greedy) text
+  differs from llama-cpp-python's for the same seed; the random generators differ anyway.
+  A character left unfinished when max_tokens ends a completion comes out as U+FFFD
+  (llama-cpp-python drops its bytes).
+- `logprobs` works without logits_all=True, and with echo the prompt tokens' log-probabilities
+  are those of the tokens themselves (llama-cpp-python pairs each with the next position's
+  row). Values are Python floats (llama-cpp-python returns NumPy float32s).
+- Chat: `chat_format` may be None (the file's template), "chat_template.default",
+  "chat_template.<name>" for a named template in the file, or "chatml"; the other built-in
+  formats of llama-cpp-python are not available. `logprobs=True` without `top_logprobs` gives
+  the tokens' own log-probabilities (llama-cpp-python gives none).
+- `suffix` is appended to the returned text (no fill-in-the-middle); `echo` also works when
+  streaming (the prompt is the first chunk).
+- The object has one context, so a call made while a stream is still open ends that stream
+  (llama-cpp-python lets both go on evaluating into the same context).
+- Not provided: create_embedding / embed, the token-level generate() and sample(),
+  save_state / load_state / set_cache, from_pretrained (pyinfer loads no weights from a hub
+  at run time) and tokenizer(). `.model` is the pyinfer Model (a C pointer in
+  llama-cpp-python).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import secrets
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from pyinfer import _C
+from pyinfer.chat import ChatTemplate
+from pyinfer.errors import ContextOverflowError, ParameterTypeError
+from pyinfer.generate import CompletionChunk, generate
+from pyinfer.model import Model
+from pyinfer.models import resolve_model
+from pyinfer.sampling import SamplingParams, TokenLogprob
+
+# llama.cpp's "pick a random seed" value, llama-cpp-python's default seed.
+LLAMA_DEFAULT_SEED = 0xFFFFFFFF
+
+# Constructor keywords of llama-cpp-python that only place or tune work on hardware pyinfer
+# does not use (GPUs, NUMA, memory locking) or pick what is already fixed here (the physical
+# batch, flash attention, the KV cache type): accepted and ignored, so code written for
+# llama-cpp-python runs unchanged.
+IGNORED_KWARGS = frozenset(
+    {
+        "n_gpu_layers",
+        "split_mode",
+        "main_gpu",
+        "tensor_split",
+        "vocab_only",
+        "use_mmap",
+        "use_mlock",
+        "n_ubatch",
+        "n_threads_batch",
+        "rope_scaling_type",
+        "pooling_type",
+        "attention_type",
+        "yarn_ext_factor",
+        "yarn_attn_factor",
+        "yarn_beta_fast",
+        "yarn_beta_slow",
+        "yarn_orig_ctx",
+        "offload_kqv",
+        "flash_attn",
+        "op_offload",
+        "swa_full",
+        "no_perf",
+        "lora_scale",
+        "numa",
+        "type_k",
+        "type_v",
+        "spm_infill",
+    }
+)
+
+# Constructor keywords that would change results and are not implemented: accepted only at
+# the value that means "off" (llama-cpp-python's default).
+UNSUPPORTED_KWARGS: dict[str, Any] = {
+    "kv_overrides": None,
+    "rope_freq_base": 0.0,
+    "rope_freq_scale": 0.0,
+    "embedding": False,
+    "lora_base": None,
+    "lora_path": None,
+    "chat_handler": None,
+    "draft_model": None,
+    "tokenizer": None,
+}
+
+# pyinfer's own constructor keywords, beyond llama-cpp-python's.
+PYINFER_KWARGS = frozenset({"precision", "kv_dtype"})
+
+# A plain ChatML template, for chat_format="chatml".
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+StopArg = Optional[Union[str, list[str]]]
+
+
+def _metadata_strings(metadata: Mapping[str, Any]) -> dict[str, str]:
+    """GGUF metadata as llama.cpp reports it through llama-cpp-python: every scalar as a
+    string (booleans "true"/"false", floats "%f"); arrays are left out."""
+    out: dict[str, str] = {}
+    for key, value in metadata.items():
+        if isinstance(value, (list, tuple, np.ndarray)):
+            continue
+        if isinstance(value, (bool, np.bool_)):
+            out[key] = "true" if value else "false"
+        elif isinstance(value, (float, np.floating)):
+            out[key] = f"{float(value):f}"
+        elif isinstance(value, (int, np.integer)):
+            out[key] = str(int(value))
+        else:
+            out[key] = str(value)
+    return out
+
+
+def _token_list(tokens: Any, what: str) -> list[int]:
+    if isinstance(tokens, (str, bytes, bytearray)):
+        raise ParameterTypeError(
+            f"{what} must be a sequence of token ids, not {type(tokens).__name__}"
+        )
+    if isinstance(tokens, np.ndarray):
+        if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+            raise ParameterTypeError(
+                f"{what} must be a 1-D integer array, got {tokens.dtype} {tokens.shape}"
+            )
+        return tokens.tolist()
+    out = []
+    for t in tokens:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise ParameterTypeError(f"{what} must hold ints, not {type(t).__name__}")
+        out.append(int(t))
+    return out
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _not_implemented(name: str, value: Any, default: Any) -> None:
+    """Refuse a value other than the default (off) for a feature pyinfer does not have."""
+    differs = value is not None if default is None else value != default
+    if differs:
+        raise NotImplementedError(
+            f"{name}={value!r} is not supported by pyinfer.Llama (only {default!r})"
+        )
+
+
+class _Sequence:
+    """The Llama's context as generate() sees it: a sequence that starts empty, although the
+    first `cached` prompt tokens are already in the KV cache from an earlier call and are
+    skipped instead of evaluated again. Positions are the real ones, so generate()'s checks
+    against n_ctx hold."""
+
+    def __init__(self, llama: Llama, cached: int, n_prompt: int, prompt_rows: bool) -> None:
+        self._llama = llama
+        self._cached = cached
+        self._n_prompt = n_prompt
+        self._prompt_rows = prompt_rows  # keep every prompt row in scores (echo + logprobs)
+        self.n_ctx = llama._n_ctx
+        self.n_past = 0
+
+    def eval(self, ids: list[int]) -> np.ndarray:
+        start = self.n_past
+        self.n_past = start + len(ids)
+        if self.n_past <= self._cached:
+            # generate() only uses the logits of the last prompt chunk, which always has a
+            # token to evaluate (the cached prefix stops one short of the prompt).
+            return self._llama.scores[0]
+        skip = max(0, self._cached - start)
+        rows = self._prompt_rows and start < self._n_prompt
+        return self._llama._eval(ids[skip:], all_rows=rows)
+
+    def reset(self) -> None:
+        self._llama._context.reset()
+        self._llama.n_tokens = 0
+        self._cached = 0
+        self.n_past = 0
+
+
+class Llama:
+    """A GGUF model and one context on it, with llama-cpp-python's `Llama` interface.
+
+    >>> llm = Llama(model_path="SmolLM2-135M-Instruct.Q4_1.gguf", n_ctx=512, verbose=False)
+    >>> llm("The capital of France is", max_tokens=4, temperature=0)["choices"][0]["text"]
+    ' Paris.\\n\\n'
+    """
+
+    def __init__(
+        self,
+        model_path: str | os.PathLike[str] | None,
+        *,
+        n_ctx: int = 512,
+        n_batch: int = 512,
+        n_threads: int | None = None,
+        seed: int = LLAMA_DEFAULT_SEED,
+        logits_all: bool = False,
+        verbose: bool = True,
+        chat_format: str | None = None,
+        last_n_tokens_size: int = 64,
+        **kwargs: Any,
+    ) -> None:
+        """Load `model_path` (a GGUF file; None: pyinfer's default model).
+
+        n_ctx: tokens the context holds (0: the model's training context). n_batch: prompt
+        tokens per forward call. n_threads: None uses every core this process may run on.
+        seed: see the module's docstring. logits_all: keep the logits of every evaluated token
+        in `scores` (perplexity). last_n_tokens_size: how many recent tokens the repetition
+        penalties look at. chat_format: which chat template create_chat_completion uses.
+        pyinfer's own keywords: precision ("fast" or "exact"), kv_dtype ("float32" or
+        "float16"). Other llama-cpp-python keywords: see IGNORED_KWARGS / UNSUPPORTED_KWARGS.
+        """
+        t0 = time.perf_counter()
+        extra: dict[str, Any] = {}
+        for name, value in kwargs.items():
+            if name in IGNORED_KWARGS:
+                continue
+            if name in UNSUPPORTED_KWARGS:
+                _not_implemented(name, value, UNSUPPORTED_KWARGS[name])
+            elif name in PYINFER_KWARGS:
+                extra[name] = value
+            else:
+                raise TypeError(f"Llama.__init__() got an unexpected keyword argument {name!r}")
+        for name, v in (
+            ("n_ctx", n_ctx),
+            ("n_batch", n_batch),
+            ("last_n_tokens_size", last_n_tokens_size),
+        ):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise ParameterTypeError(f"{name} must be an int, not {type(v).__name__}")
+        if n_ctx < 0:
+            raise ValueError(f"n_ctx must be >= 0 (0: the model's training context), got {n_ctx}")
+        if n_batch < 1:
+            raise ValueError(f"n_batch must be >= 1, got {n_batch}")
+        if last_n_tokens_size < 0:
+            raise ValueError(f"last_n_tokens_size must be >= 0, got {last_n_tokens_size}")
+        if model_path is None:
+            path = resolve_model(None)
+        else:
+            path = Path(os.fspath(model_path))
+            if not path.is_file():
+                raise ValueError(f"Model path does not exist: {model_path}")
+
+        self.verbose = bool(verbose)
+        self.model_path = str(path) if model_path is None else os.fspath(model_path)
+        self.set_seed(seed)
+        self.last_n_tokens_size = int(last_n_tokens_size)
+        self._logits_all = bool(logits_all)
+
+        self.model = Model.load(path, n_threads=n_threads, **extra)
+        config = self.model.config
+        self._n_ctx = int(n_ctx) if n_ctx else config.n_ctx_train
+        self.n_batch = min(self._n_ctx, int(n_batch))
+        self.n_threads = self.model.n_threads
+        self._context = self.model.context(self._n_ctx, n_batch=self.n_batch)
+        self._tokenizer = self.model.tokenizer
+        self._n_vocab = config.n_vocab
+        self.metadata: dict[str, str] = _metadata_strings(self.model.reader.metadata)
+
+        # Like llama-cpp-python's; np.empty commits memory only for the rows written.
+        self.n_tokens = 0
+        self.input_ids: np.ndarray = np.zeros(self._n_ctx, dtype=np.intc)
+        self.scores: np.ndarray = np.empty((self._n_ctx, self._n_vocab), dtype=np.single)
+        self._stream: Iterator[Any] | None = None  # an open completion stream
+
+        self.chat_format = chat_format
+        self._chat_template = self._resolve_chat_format(chat_format)
+
+        if self.verbose:
+            print(
+                f"pyinfer: loaded {self.model_path} ({config.architecture}, {config.n_layer} "
+                f"layers, vocab {config.n_vocab}) n_ctx={self._n_ctx} n_batch={self.n_batch} "
+                f"n_threads={self.n_threads} precision={self.model.precision} "
+                f"isa={_C.get_isa()} in {time.perf_counter() - t0:.2f} s",
+                file=sys.stderr,
+            )
+
+    # -- chat formats --
+
+    def _resolve_chat_format(self, chat_format: str | None) -> ChatTemplate | None:
+        """The template for chat_format, or None when the file has none (an error at the
+        first chat call, not at load: a model may be used for completions only)."""
+        md = self.model.reader.metadata
+        if chat_format is None or chat_format == "chat_template.default":
+            if "tokenizer.chat_template" not in md:
+                if chat_format is not None:
+                    raise ValueError(
+                        "chat_format='chat_template.default': the file has no chat template"
+                    )
+                return None
+            return self.model.chat_template
+        if chat_format == "chatml":
+            return ChatTemplate.from_metadata(md, template=CHATML_TEMPLATE)
+        if chat_format.startswith("chat_template."):
+            name = chat_format[len("chat_template.") :]
+            if f"tokenizer.chat_template.{name}" in md:
+                return ChatTemplate.from_metadata(md, name=name)
+        named = sorted(
+            k[len("tokenizer.") :] for k in md if k.startswith("tokenizer.chat_template.")
+        )
+        choices = ["chat_template.default"] if "tokenizer.chat_template" in md else []
+        raise ValueError(
+            f"chat_format {chat_format!r} is not available: use None (the file's template), "
+            f"{', '.join(map(repr, choices + named + ['chatml']))}"
+        )
+
+    # -- tokens --
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = False) -> list[int]:
+        """Token ids of UTF-8 `text`. add_bos=True adds the BOS token when the model's file
+        asks for one (llama.cpp's rule); special=True matches control-token texts
+        ("<|im_start|>") as their ids."""
+        if isinstance(text, str):
+            raise TypeError(
+                "Llama.tokenize() takes UTF-8 bytes, not str: pass text.encode('utf-8')"
+            )
+        if not isinstance(text, (bytes, bytearray, memoryview)):
+            raise TypeError(f"Llama.tokenize() takes bytes, not {type(text).__name__}")
+        s = bytes(text).decode("utf-8", errors="replace")
+        return self._tokenizer.tokenize(
+            s, add_bos=None if add_bos else False, special=bool(special)
+        )
+
+    def detokenize(
+        self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False
+    ) -> bytes:
+        """The bytes of `tokens`; control tokens are written only with special=True.
+        prev_tokens is accepted for compatibility (byte-level BPE needs no offset mapping)."""
+        ids = _token_list(tokens, "tokens")
+        out = self._tokenizer.detokenize(ids, special=bool(special))
+        # llama-cpp-python drops a space that follows a leading BOS (SentencePiece's prefix).
+        if ids and ids[0] == self.token_bos() and out[:1] == b" ":
+            out = out[1:]
+        return out
+
+    def n_ctx(self) -> int:
+        return self._n_ctx
+
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    def n_embd(self) -> int:
+        return self.model.config.n_embd
+
+    def token_bos(self) -> int:
+        """The BOS id, -1 when the vocabulary has none."""
+        bos = self._tokenizer.bos_id
+        return -1 if bos is None else bos
+
+    def token_eos(self) -> int:
+        """The EOS id, -1 when the vocabulary has none."""
+        eos = self._tokenizer.eos_id
+        return -1 if eos is None else eos
+
+    def token_nl(self) -> int:
+        """The id of the newline token."""
+        ids = self._tokenizer.tokenize("\n", add_bos=False)
+        return ids[0] if len(ids) == 1 else -1
+
+    # -- the context --
+
+    def set_seed(self, seed: int) -> None:
+        """The seed of the next completion that passes none (-1 or LLAMA_DEFAULT_SEED: random)."""
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ParameterTypeError(f"seed must be an int, not {type(seed).__name__}")
+        if seed < -1 or seed >= 2**64:
+            raise ValueError(f"seed must be in [0, 2**64), or -1 for random, got {seed}")
+        self._seed = int(seed)
+
+    def _call_seed(self, seed: int | None) -> int | None:
+        """The sampler's seed for one completion (None: random), advancing the chain."""
+        if seed is not None:
+            self.set_seed(seed)
+            s = self._seed
+        elif self._seed in (-1, LLAMA_DEFAULT_SEED):
+            s = secrets.randbits(32)
+        else:
+            # llama-cpp-python's chain: each call's seed comes from the previous one.
+            s = random.Random(self._seed).randint(0, 2**32)
+            self._seed = s
+        return None if s in (-1, LLAMA_DEFAULT_SEED) else s
+
+    def _close_stream(self) -> None:
+        # The context has one sequence: a new call ends a stream still open on it.
+        if self._stream is not None:
+            stream, self._stream = self._stream, None
+            stream.close()  # type: ignore[attr-defined]
+
+    def reset(self) -> None:
+        """Empty the context (n_tokens = 0)."""
+        self._close_stream()
+        self.n_tokens = 0
+        self._context.reset()
+
+    def eval(self, tokens: Sequence[int]) -> None:
+        """Evaluate tokens at positions n_tokens.. (a caller may lower n_tokens to rewind),
+        storing them in input_ids and their logits in scores (every row with logits_all,
+        else the last one's)."""
+        self._close_stream()
+        ids = _token_list(tokens, "tokens")
+        if not ids:
+            return
+        self._eval(ids, all_rows=self._logits_all)
+
+    def _eval(self, ids: list[int], *, all_rows: bool) -> np.ndarray:
+        ctx = self._context
+        n0 = self.n_tokens
+        if not 0 <= n0 <= ctx.n_past:
+            raise ValueError(f"n_tokens is {n0}, but the context holds {ctx.n_past} tokens")
+        if n0 + len(ids) > self._n_ctx:
+            raise ContextOverflowError(
+                f"Requested tokens ({n0 + len(ids)}) exceed context window of {self._n_ctx}",
+                n0 + len(ids),
+                self._n_ctx,
+            )
+        if n0 < ctx.n_past:
+            ctx.truncate(n0)
+        n1 = n0 + len(ids)
+        if all_rows or self._logits_all:
+            self.scores[n0:n1] = ctx.eval(ids, all_logits=True)
+        else:
+            self.scores[n1 - 1] = ctx.eval(ids)
+        self.input_ids[n0:n1] = ids
+        self.n_tokens = n1
+        return self.scores[n1 - 1]
+
+    @property
+    def eval_tokens(self) -> deque[int]:
+        return deque(self.input_ids[: self.n_tokens].tolist(), maxlen=self._n_ctx)
+
+    @property
+    def eval_logits(self) -> deque[list[float]]:
+        rows = (
+            self.scores[: self.n_tokens]
+            if self._logits_all
+            else self.scores[max(0, self.n_tokens - 1) : self.n_tokens]
+        )
+        return deque(rows.tolist(), maxlen=self._n_ctx if self._logits_all else 1)
+
+    @staticmethod
+    def logits_to_logprobs(logits: Any, axis: int = -1) -> np.ndarray:
+        """log-softmax along axis, in float32 like llama-cpp-python."""
+        x = np.asarray(logits, dtype=np.float32)
+        m = np.max(x, axis=axis, keepdims=True)
+        return x - m - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
+
+    def close(self) -> None:
+        """End an open stream and empty the context."""
+        self._close_stream()
+        self._context.reset()
+        self.n_tokens = 0
+
+    def __enter__(self) -> Llama:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- completions --
+
+    def _prompt_ids(self, prompt: str | list[int]) -> tuple[list[int], str]:
+        """Token ids and text of a prompt: text is tokenized as llama-cpp-python does (the
+        file's BOS rule, control-token texts matched); ids are taken as they are."""
+        tok = self._tokenizer
+        if isinstance(prompt, str):
+            ids = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+            if prompt:
+                ids += tok.tokenize(prompt, add_bos=False, special=True)
+            return ids, prompt
+        if isinstance(prompt, (list, tuple, np.ndarray)):
+            ids = _token_list(prompt, "prompt")
+            bad = [t for t in ids if not 0 <= t < self._n_vocab]
+            if bad:
+                raise ValueError(
+                    f"prompt token id {bad[0]} is outside the vocabulary [0, {self._n_vocab})"
+                )
+            return ids, tok.detokenize(ids, special=False).decode("utf-8", errors="ignore")
+        raise ParameterTypeError(
+            f"prompt must be a str or a list of token ids, not {type(prompt).__name__}"
+        )
+
+    def _logprobs_dict(
+        self, ids: list[int], lps: list[TokenLogprob | None], offset: int
+    ) -> dict[str, Any]:
+        """OpenAI's completion logprobs for tokens whose text starts at character `offset`;
+        an entry of None in lps gives null values (the first echoed prompt token)."""
+        tokens: list[str] = []
+        offsets: list[int] = []
+        token_lps: list[float | None] = []
+        top: list[dict[str, float] | None] = []
+        done = b""
+        for tok, lp in zip(ids, lps):
+            offsets.append(offset + len(done.decode("utf-8", errors="ignore")))
+            piece = self._tokenizer.detokenize([tok], special=False)
+            done += piece
+            text = piece.decode("utf-8", errors="ignore")
+            tokens.append(text)
+            if lp is None:
+                token_lps.append(None)
+                top.append(None)
+                continue
+            token_lps.append(lp.logprob)
+            alts = {
+                self._tokenizer.detokenize([i], special=False).decode("utf-8", errors="ignore"): v
+                for i, v in lp.top
+            }
+            alts[text] = lp.logprob
+            top.append(alts)
+        return {
+            "tokens": tokens,
+            "text_offset": offsets,
+            "token_logprobs": token_lps,
+            "top_logprobs": top,
+        }
+
+    def _prompt_logprobs(self, ids: list[int], n_top: int) -> list[TokenLogprob | None]:
+        """Each prompt token's log-probability given the tokens before it, from the rows the
+        prompt left in scores; the first has none."""
+        out: list[TokenLogprob | None] = [None]
+        if len(ids) > 1:
+            lp = self.logits_to_logprobs(self.scores[: len(ids) - 1]).astype(np.float64)
+            for p in range(1, len(ids)):
+                row = lp[p - 1]
+                best: Any = []
+                if n_top:
+                    best = np.argpartition(-row, n_top - 1)[:n_top]
+                    best = best[np.argsort(-row[best], kind="stable")]
+                out.append(
+                    TokenLogprob(
+                        ids[p], float(row[ids[p]]), tuple((int(i), float(row[i])) for i in best)
+                    )
+                )
+        return out
+
+    def create_completion(
+        self,
+        prompt: str | list[int],
+        suffix: str | None = None,
+        max_tokens: int | None = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        logprobs: int | None = None,
+        echo: bool = False,
+        stop: StopArg = [],  # noqa: B006  (llama-cpp-python's default; never mutated)
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        top_k: int = 40,
+        stream: bool = False,
+        seed: int | None = None,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        model: str | None = None,
+        stopping_criteria: Any = None,
+        logits_processor: Any = None,
+        grammar: Any = None,
+        logit_bias: dict[int, float] | None = None,
+    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """Continue `prompt` (text, or token ids): an OpenAI "text_completion" dict, or with
+        stream=True an iterator of chunks whose last one has text "" and the finish_reason.
+
+        max_tokens None or <= 0: until an end-of-turn token or a full context. stop: strings
+        that end the text (not returned). temperature 0 is greedy. logprobs: how many
+        alternatives to report with each token's log-probability. echo: start the text with
+        the prompt. tfs_z, mirostat_tau and mirostat_eta are accepted and unused (tfs_z is
+        gone from llama.cpp; mirostat is not implemented).
+        """
+        self._close_stream()
+        if suffix is not None and not isinstance(suffix, str):
+            raise ParameterTypeError(f"suffix must be a str or None, not {type(suffix).__name__}")
+        _not_implemented("typical_p", typical_p, 1.0)
+        _not_implemented("mirostat_mode", mirostat_mode, 0)
+        for name, value in (
+            ("grammar", grammar),
+            ("logits_processor", logits_processor),
+            ("stopping_criteria", stopping_criteria),
+        ):
+            _not_implemented(name, value, None)
+        if max_tokens is not None and (
+            isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer))
+        ):
+            raise ParameterTypeError(
+                f"max_tokens must be an int or None, not {type(max_tokens).__name__}"
+            )
+
+        ids, prompt_text = self._prompt_ids(prompt)
+        if not ids:
+            raise ValueError(
+                "the prompt is empty (and this model adds no BOS token): nothing to continue"
+            )
+        n_ctx = self._n_ctx
+        if len(ids) >= n_ctx:
+            raise ContextOverflowError(
+                f"Requested tokens ({len(ids)}) exceed context window of {n_ctx}", len(ids), n_ctx
+            )
+        room = n_ctx - len(ids)
+        max_new = room if max_tokens is None or max_tokens <= 0 else min(int(max_tokens), room)
+
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+        if logit_bias is not None and not isinstance(logit_bias, Mapping):
+            raise ParameterTypeError(
+                f"logit_bias must be a dict of token id -> bias, not {type(logit_bias).__name__}"
+            )
+        try:
+            bias = {int(k): float(v) for k, v in (logit_bias or {}).items()}
+        except (TypeError, ValueError) as e:
+            raise ParameterTypeError(f"logit_bias must map token ids to numbers: {e}") from None
+        if isinstance(top_k, (int, np.integer)) and not isinstance(top_k, bool) and top_k < 0:
+            top_k = 0  # llama.cpp: top_k <= 0 keeps every token
+        if (
+            isinstance(temperature, (int, float))
+            and not isinstance(temperature, bool)
+            and temperature < 0
+        ):
+            # llama.cpp: a negative temperature samples the plain softmax, no filters.
+            temperature, top_k, top_p, min_p = 1.0, 0, 1.0, 0.0
+        params = SamplingParams(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            repeat_last_n=self.last_n_tokens_size,
+            logit_bias=bias,
+            seed=None,
+            logprobs=logprobs,
+        )
+        # The seed chain moves on every call, greedy ones included, as in llama-cpp-python.
+        call_seed = self._call_seed(seed)
+        if not params.greedy:
+            params = dataclasses.replace(params, seed=call_seed)
+
+        # Reuse the KV cache for the longest common prefix, but evaluate at least the prompt's
+        # last token (its logits pick the first new token). Echoed logprobs need every prompt
+        # row, which only logits_all keeps for the cached part.
+        prompt_rows = bool(echo) and logprobs is not None
+        cached = min(_common_prefix(self.input_ids[: self.n_tokens].tolist(), ids), len(ids) - 1)
+        if prompt_rows and not self._logits_all:
+            cached = 0
+        self.n_tokens = cached
+        self._context.truncate(cached)
+        seq = _Sequence(self, cached, len(ids), prompt_rows)
+
+        cid = f"cmpl-{uuid.uuid4()}"
+        created = int(time.time())
+        name = model if model is not None else self.model_path
+        chunks = generate(
+            seq,
+            self._tokenizer,
+            ids,
+            params,
+            max_tokens=max_new,
+            stop=stops,
+            stream=True,
+            n_batch=self.n_batch,
+        )
+
+        def shape(text: str, lp: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
+            return {
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": name,
+                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}],
+            }
+
+        if stream:
+            it = self._stream_completion(
+                chunks, ids, prompt_text, bool(echo), suffix, logprobs, shape
+            )
+            self._stream = it
+            return it
+
+        text_parts: list[str] = []
+        out_ids: list[int] = []
+        out_lps: list[TokenLogprob | None] = []
+        last = CompletionChunk("", [])
+        for last in chunks:
+            text_parts.append(last.text)
+            out_ids += last.token_ids
+            out_lps += last.logprobs or []
+        text = "".join(text_parts)
+        lp_dict = None
+        if logprobs is not None:
+            if echo:
+                # the prefill has left every prompt row in scores
+                echoed, echoed_lps = self._echo_logprobs(ids, logprobs)
+                lp_dict = self._logprobs_dict(echoed + out_ids, echoed_lps + out_lps, 0)
+            else:
+                lp_dict = self._logprobs_dict(out_ids, out_lps, len(prompt_text))
+        if echo:
+            text = prompt_text + text
+        if suffix is not None:
+            text += suffix
+        self._report(last)
+        result = shape(text, lp_dict, "stop" if last.finish_reason == "stop" else "length")
+        result["usage"] = {
+            "prompt_tokens": len(ids),
+            "completion_tokens": len(out_ids),
+            "total_tokens": len(ids) + len(out_ids),
+        }
+        return result
+
+    def _stream_completion(
+        self,
+        chunks: Iterator[CompletionChunk],
+        ids: list[int],
+        prompt_text: str,
+        echo: bool,
+        suffix: str | None,
+        logprobs: int | None,
+        shape: Callable[[str, dict[str, Any] | None, str | None], dict[str, Any]],
+    ) -> Iterator[dict[str, Any]]:
+        """The stream of create_completion: a chunk per piece of text generate() emits, the
+        prompt first with echo, the suffix last, then an empty chunk with the finish_reason."""
+        offset = len(prompt_text)
+        finish = "length"
+        try:
+            for i, ch in enumerate(chunks):
+                if i == 0 and echo:
+                    lp = None
+                    if logprobs is not None:  # the prefill has run: the prompt rows are in
+                        lp = self._logprobs_dict(*self._echo_logprobs(ids, logprobs), 0)
+                    yield shape(prompt_text, lp, None)
+                if ch.text:
+                    lp = None
+                    if logprobs is not None:
+                        lp = self._logprobs_dict(ch.token_ids, list(ch.logprobs or []), offset)
+                    offset += len(ch.text)
+                    yield shape(ch.text, lp, None)
+                if ch.finish_reason is not None:
+                    finish = "stop" if ch.finish_reason == "stop" else "length"
+                    self._report(ch)
+            if suffix:
+                yield shape(suffix, None, None)
+            yield shape("", None, finish)
+        finally:
+            chunks.close()  # type: ignore[attr-defined]
+
+    def _echo_logprobs(
+        self, ids: list[int], n_top: int
+    ) -> tuple[list[int], list[TokenLogprob | None]]:
+        """The echoed prompt tokens (a leading BOS left out, as llama-cpp-python does) and
+        their log-probabilities; the first has none (OpenAI's convention)."""
+        skip = 1 if ids and ids[0] == self.token_bos() else 0
+        lps = self._prompt_logprobs(ids, n_top)
+        return ids[skip:], [None] + lps[skip + 1 :]
+
+    def _report(self, chunk: CompletionChunk) -> None:
+        if self.verbose and chunk.timings is not None:
+            t = chunk.timings
+            print(
+                f"pyinfer: prompt {t.prompt_tokens} tokens in {t.prefill_s * 1e3:.1f} ms "
+                f"({t.prefill_tokens_per_s:.1f} tok/s), {t.sampled_tokens} sampled "
+                f"({t.decode_tokens_per_s:.1f} tok/s), total {t.total_s * 1e3:.1f} ms",
+                file=sys.stderr,
+            )
+
+    def __call__(
+        self,
+        prompt: str | list[int],
+        suffix: str | None = None,
+        max_tokens: int | None = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        logprobs: int | None = None,
+        echo: bool = False,
+        stop: StopArg = [],  # noqa: B006
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        top_k: int = 40,
+        stream: bool = False,
+        seed: int | None = None,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        model: str | None = None,
+        stopping_criteria: Any = None,
+        logits_processor: Any = None,
+        grammar: Any = None,
+        logit_bias: dict[int, float] | None = None,
+    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """Same as create_completion."""
+        return self.create_completion(
+            prompt,
+            suffix=suffix,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            min_p=min_p,
+            typical_p=typical_p,
+            logprobs=logprobs,
+            echo=echo,
+            stop=stop,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            repeat_penalty=repeat_penalty,
+            top_k=top_k,
+            stream=stream,
+            seed=seed,
+            tfs_z=tfs_z,
+            mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
+            model=model,
+            stopping_criteria=stopping_criteria,
+            logits_processor=logits_processor,
+            grammar=grammar,
+            logit_bias=logit_bias,
+        )
+
+    # -- chat --
+
+    def create_chat_completion(
+        self,
+        messages: list[dict[str, Any]],
+        functions: list[dict[str, Any]] | None = None,
+        function_call: Any = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: Any = None,
+        temperature: float = 0.2,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        stream: bool = False,
+        stop: StopArg = [],  # noqa: B006
+        seed: int | None = None,
+        response_format: dict[str, Any] | None = None,
+        max_tokens: int | None = None,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
+        repeat_penalty: float = 1.0,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        model: str | None = None,
+        logits_processor: Any = None,
+        grammar: Any = None,
+        logit_bias: dict[int, float] | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
+    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """Reply to `messages` with the model's chat template: an OpenAI "chat.completion"
+        dict, or with stream=True "chat.completion.chunk" dicts (a first delta with the
+        role, then the content, then an empty delta with the finish_reason).
+
+        tools are passed to the template (the reply is returned as text: tool calls are not
+        parsed); forcing a tool (tool_choice / function_call naming one, "required") and a
+        JSON response_format need grammar-constrained sampling, which is not implemented.
+        """
+        if self._chat_template is None:
+            raise ValueError(
+                f"{self.model_path} has no chat template (tokenizer.chat_template): pass "
+                "chat_format='chatml' or use create_completion"
+            )
+        constrained = None
+        if isinstance(function_call, Mapping):
+            constrained = f"function_call={function_call!r}"
+        elif tool_choice is not None and tool_choice not in ("none", "auto"):
+            constrained = f"tool_choice={tool_choice!r}"
+        elif response_format is not None and response_format.get("type", "text") != "text":
+            constrained = f"response_format={response_format!r}"
+        if constrained is not None:
+            raise NotImplementedError(
+                f"{constrained} needs grammar-constrained sampling, which pyinfer.Llama does "
+                "not implement"
+            )
+        if functions is not None and tools is None:
+            tools = [{"type": "function", "function": f} for f in functions]
+        render_kwargs = {"tools": tools} if tools is not None else {}
+        ids = self._chat_template.encode(
+            self._tokenizer, messages, add_generation_prompt=True, **render_kwargs
+        )
+
+        stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
+        if self._chat_template.eos_token:
+            stops.append(self._chat_template.eos_token)
+        n_top = None
+        if logprobs:
+            n_top = top_logprobs or 0
+        result = self.create_completion(
+            ids,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            min_p=min_p,
+            typical_p=typical_p,
+            logprobs=n_top,
+            stop=stops,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            repeat_penalty=repeat_penalty,
+            top_k=top_k,
+            stream=stream,
+            seed=seed,
+            tfs_z=tfs_z,
+            mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
+            model=model,
+            logits_processor=logits_processor,
+            grammar=grammar,
+            logit_bias=logit_bias,
+        )
+        if not stream:
+            assert isinstance(result, dict)
+            choice = result["choices"][0]
+            return {
+                "id": "chat" + result["id"],
+                "object": "chat.completion",
+                "created": result["created"],
+                "model": result["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": choice["text"]},
+                        "logprobs": _chat_logprobs(choice["logprobs"]),
+                        "finish_reason": choice["finish_reason"],
+                    }
+                ],
+                "usage": result["usage"],
+            }
+        it = _chat_chunks(result)  # type: ignore[arg-type]
+        self._stream = it
+        return it
+
+
+def _chat_logprobs(lp: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Completion logprobs in the chat shape ({"content": [...], "refusal": None})."""
+    if lp is None:
+        return None
+    content = [
+        {
+            "token": tok,
+            "bytes": None,
+            "logprob": value,
+            "top_logprobs": [
+                {"token": t, "logprob": v, "bytes": None} for t, v in (top or {}).items()
+            ],
+        }
+        for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])
+    ]
+    return {"content": content, "refusal": None}
+
+
+def _chat_chunks(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Text-completion chunks as chat.completion.chunk dicts."""
+    try:
+        for i, ch in enumerate(chunks):
+            head = {
+                "id": "chat" + ch["id"],
+                "model": ch["model"],
+                "created": ch["created"],
+                "object": "chat.completion.chunk",
+            }
+            c = ch["choices"][0]
+            if i == 0:
+                yield {
+                    **head,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant"},
+                            "logprobs": None,
+                            "finish_reason": None,
+                        }
+                    ],
+                }
+            delta = {"content": c["text"]} if c["finish_reason"] is None else {}
+            yield {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": delta,
+                        "logprobs": _chat_logprobs(c["logprobs"]),
+                        "finish_reason": c["finish_reason"],
+                    }
+                ],
+            }
+    finally:
+        chunks.close()  # type: ignore[attr-defined]
