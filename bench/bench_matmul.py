@@ -3,10 +3,11 @@
 Per weight type, a GEMV (M = 1, fast mode) over a weight matrix of --mib MiB (default 128:
 four times a 32 MiB L3, so every call streams W from DRAM), on 1 and 2 threads, in GB/s of
 weights read and as a fraction of pyinfer.measure_read_bandwidth measured in the same run
-with the same thread count; Q8_0, Q4_0 and Q4_1 both as stored in GGUF ("blocks") and in
-the 16-row interleaved layout of _C.repack ("packed16"). Then GEMM GOP/s (2*M*N*K per call)
-at M = 16, 64, 512 for Q4_1 and Q8_0 in fast mode, in both layouts. Each kernel is validated against pyinfer.reference before it is timed,
-runs once to warm up, and reports the median of --repeats calls.
+with the same thread count, its passes alternating with the GEMV calls; Q8_0, Q4_0 and Q4_1
+both as stored in GGUF ("blocks") and in the 16-row interleaved layout of _C.repack
+("packed16"). Then GEMM GOP/s (2*M*N*K per call) at M = 16, 64, 512 for Q4_1 and Q8_0 in
+fast mode, in both layouts. Each kernel is validated against pyinfer.reference before it is
+timed, runs once to warm up, and reports the median of --repeats calls.
 
     python bench/bench_matmul.py [--threads 1 2] [--repeats 9] [--mib 128] [--out bench/results]
 """
@@ -129,18 +130,28 @@ def main() -> None:
             validate(x, raw, w_type, n, k, t)
             if packed is not None:
                 check_packed(x, raw, packed, w_type, n, k, t)
-            probe = pyinfer.measure_read_bandwidth(512 << 20, n_threads=t, repeats=5)
             layouts = [("blocks", raw, False)] + ([("packed16", packed, True)] if packed is not None else [])
-            for layout, w, is_packed in layouts:
-                secs = time_matmul(args.repeats, x, w, w_type, n, k, mode="fast", n_threads=t, out=out,
-                                   packed=is_packed)
-                gbps = raw.nbytes / statistics.median(secs) / 1e9
+            # The probe's passes and the GEMV calls alternate, so a neighbour's load on this
+            # shared machine falls on both alike instead of on whichever ran during it.
+            probe_gbps: list[float] = []
+            secs: dict[str, list[float]] = {layout: [] for layout, _, _ in layouts}
+            for layout, w, is_packed in layouts:  # warm-up
+                _C.matmul(x, w, w_type, n, k, mode="fast", n_threads=t, out=out, packed=is_packed)
+            for _ in range(args.repeats):
+                probe_gbps += pyinfer.measure_read_bandwidth(512 << 20, n_threads=t, repeats=1)["gbps"]
+                for layout, w, is_packed in layouts:
+                    t0 = time.perf_counter()
+                    _C.matmul(x, w, w_type, n, k, mode="fast", n_threads=t, out=out, packed=is_packed)
+                    secs[layout].append(time.perf_counter() - t0)
+            probe = statistics.median(probe_gbps)
+            for layout, _, _ in layouts:
+                gbps = raw.nbytes / statistics.median(secs[layout]) / 1e9
                 r = {"type": tname, "layout": layout, "n": n, "k": k, "bytes": int(raw.nbytes), "threads": t,
-                     "seconds": secs, "gbps": gbps, "probe_gbps": probe["median_gbps"],
-                     "fraction": gbps / probe["median_gbps"]}
+                     "seconds": secs[layout], "gbps": gbps, "probe_gbps": probe, "probe_samples": probe_gbps,
+                     "fraction": gbps / probe}
                 gemv.append(r)
                 print(f"GEMV {tname:5s} {layout:8s} {t} thr: {gbps:5.1f} GB/s, probe "
-                      f"{probe['median_gbps']:5.1f} GB/s -> {100 * r['fraction']:5.1f}%")
+                      f"{probe:5.1f} GB/s -> {100 * r['fraction']:5.1f}%")
         del raw, packed
 
     gemm = []

@@ -10,6 +10,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #include "dispatch.h"
 
 namespace pyinfer {
@@ -52,9 +56,20 @@ BandwidthResult measure_read_bandwidth(size_t n_bytes, int n_threads, int repeat
   const size_t chunk = 4096 * static_cast<size_t>(n_threads);
   n_bytes = (n_bytes / chunk) * chunk;
   if (n_bytes == 0) throw std::invalid_argument("n_bytes must be at least 4096 * n_threads");
+  // The array gets the memory a decode's weights get. NumPy asks for transparent huge pages
+  // on every large array (and the kernels read weights through NumPy), and on this machine's
+  // Zen 4 a stream over 2 MiB pages reads 15-20% faster than one over 4 KiB pages (fewer
+  // TLB misses and page walks in the way of the prefetchers): a probe on small pages was
+  // no ceiling for a GEMV on huge ones. Where the kernel grants no huge pages, neither
+  // does it to NumPy, and both read small pages.
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t alloc_bytes = (n_bytes + kHugePage - 1) / kHugePage * kHugePage;
   std::unique_ptr<uint8_t, FreeDeleter> buf(
-      static_cast<uint8_t*>(std::aligned_alloc(4096, n_bytes)));
+      static_cast<uint8_t*>(std::aligned_alloc(kHugePage, alloc_bytes)));
   if (!buf) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  madvise(buf.get(), alloc_bytes, MADV_HUGEPAGE);  // advice only: failure leaves small pages
+#endif
   const size_t slice = n_bytes / n_threads;
   const ReadSumFn read_sum = kernels().read_sum;
 

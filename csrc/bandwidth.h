@@ -19,8 +19,10 @@ struct BandwidthResult {
 // n_bytes is rounded down to a multiple of 4096 * n_threads. The threads start once: each
 // first touches (fills) its own slice, so its pages land near it, then all meet at a barrier
 // before every pass and again after it; a pass's time runs from the one barrier to the
-// other. Byte i of slice t holds (i * 131 + t) mod 256, and checksum is the sum modulo 2^64
-// of the array's little-endian 64-bit words: a caller can check that every byte was read.
+// other. The array is 2 MiB aligned and, on Linux, advised to transparent huge pages, as
+// NumPy does for the large arrays weights are read from. Byte i of slice t holds
+// (i * 131 + t) mod 256, and checksum is the sum modulo 2^64 of the array's little-endian
+// 64-bit words: a caller can check that every byte was read.
 // Throws std::invalid_argument for n_threads < 1, repeats < 1 or an array too small.
 BandwidthResult measure_read_bandwidth(size_t n_bytes, int n_threads, int repeats);
 

@@ -131,6 +131,22 @@ def test_threads_bitwise_identical(isa, tname, mode):
             np.testing.assert_array_equal(y1.view(np.uint32), yt.view(np.uint32))
 
 
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_rows_independent_of_batch(isa, tname, mode):
+    """Kernels tile activation rows (2 or 4 at a time, then single rows): a row's result is
+    the same bits whether it is multiplied alone or in a batch, in either layout."""
+    w_type = TYPES[tname]
+    k, n = 96, 40  # K % 64 == 32 and N % 16 != 0: every loop's tail runs
+    x, raw, _ = problem(w_type, k, n)
+    layouts = [(raw, False)] + ([(_C.repack(raw, w_type, n, k), True)] if w_type in QUANT else [])
+    for w, packed in layouts:
+        batch = _C.matmul(x[:7], w, w_type, n, k, mode=mode, packed=packed)
+        for m in range(7):
+            alone = _C.matmul(x[m:m + 1], w, w_type, n, k, mode=mode, packed=packed)
+            np.testing.assert_array_equal(alone.view(np.uint32), batch[m:m + 1].view(np.uint32))
+
+
 def test_two_python_threads_at_once():
     """Two Python threads, each asking for two pool threads, get the single-threaded results."""
     rng = np.random.default_rng(5)

@@ -9,6 +9,7 @@
 
 #include "dispatch.h"
 #include "kernels/kquant_scales.h"
+#include "kernels/packed16.h"
 
 #define PYINFER_INLINE static inline __attribute__((always_inline))
 
@@ -70,32 +71,36 @@ PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-// NR rows of W against one activation row; per element: four accumulators over each
-// 32-run of k, summed (a0 + a1) + (a2 + a3) at the end.
-PYINFER_INLINE void exact_tile(int type, int NR, const uint8_t* w, int64_t rb, const float* x,
-                               int64_t K, float* y) {
-  __m256 acc[4][4];
-  for (int r = 0; r < NR; ++r)
-    for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_setzero_ps();
+// One row of W against MT activation rows; per element: four accumulators over each
+// 32-run of k, summed (a0 + a1) + (a2 + a3) at the end. One weight row at a time keeps a
+// GEMV to a single sequential stream: tiles of 2-8 rows, rows a few KiB apart, read F16
+// and BF16 at 14-22 GB/s where one row reads at the bandwidth probe's 31 GB/s (Zen 4, one
+// thread, huge pages). In a GEMM each weight load serves the MT activation rows. The
+// AVX-512 table uses these kernels too (see fill_matmul_avx512).
+PYINFER_INLINE void exact_tile(int type, int MT, const uint8_t* row, const float* x, int64_t K,
+                               float* y, int64_t ldy) {
+  __m256 acc[2][4];
+  for (int c = 0; c < MT; ++c)
+    for (int i = 0; i < 4; ++i) acc[c][i] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 32) {
-    __m256 xv[4];
-    for (int i = 0; i < 4; ++i) xv[i] = _mm256_loadu_ps(x + k + 8 * i);
-    for (int r = 0; r < NR; ++r)
+    __m256 wv[4];
+    for (int i = 0; i < 4; ++i) wv[i] = load_w8(type, row, k + 8 * i);
+    for (int c = 0; c < MT; ++c)
       for (int i = 0; i < 4; ++i)
-        acc[r][i] = _mm256_fmadd_ps(load_w8(type, w + r * rb, k + 8 * i), xv[i], acc[r][i]);
+        acc[c][i] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + c * K + k + 8 * i), acc[c][i]);
   }
-  for (int r = 0; r < NR; ++r)
-    y[r] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3])));
+  for (int c = 0; c < MT; ++c)
+    y[c * ldy] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][1]), _mm256_add_ps(acc[c][2], acc[c][3])));
 }
 
 PYINFER_INLINE void exact_rows(int type, const void* w, int64_t rb, const float* x, int64_t M,
                                int64_t K, int64_t n_rows, float* y, int64_t ldy) {
   const auto* wb = static_cast<const uint8_t*>(w);
-  int64_t n = 0;
-  for (; n + 2 <= n_rows; n += 2)
-    for (int64_t m = 0; m < M; ++m) exact_tile(type, 2, wb + n * rb, rb, x + m * K, K, y + m * ldy + n);
-  for (; n < n_rows; ++n)
-    for (int64_t m = 0; m < M; ++m) exact_tile(type, 1, wb + n * rb, rb, x + m * K, K, y + m * ldy + n);
+  for (int64_t n = 0; n < n_rows; ++n) {
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2) exact_tile(type, 2, wb + n * rb, x + m * K, K, y + m * ldy + n, ldy);
+    for (; m < M; ++m) exact_tile(type, 1, wb + n * rb, x + m * K, K, y + m * ldy + n, ldy);
+  }
 }
 
 void matmul_f32_f32_avx2(const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
@@ -186,6 +191,107 @@ void matmul_q4_1_q8_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t
   fast_rows(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
+// ---- fast mode on 16-row interleaved weights (packed16.h) -------------------------------------
+// A 16-row group-block is taken as two halves of 8 rows: bytes 32h..32h+31 of each 64-byte
+// quant column are rows 8h..8h+7, 4 bytes each, so int32 lane r of a ymm is row 8h + r and
+// a block's 8 integer sums per half come out whole, with no horizontal sums. The integers
+// are exact and each row's float arithmetic is the scalar reference's (acc += (d_w*d_x) *
+// isum, separate multiply and add): results match it bit for bit, as on AVX-512.
+
+// Activation bytes 4c..4c+3 of a block, broadcast to the 8 lanes.
+PYINFER_INLINE __m256i act4(const block_q8a* xb, int c) {
+  int32_t v;
+  __builtin_memcpy(&v, xb->qs + 4 * c, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Integer dot products of 8 rows' quants (half h of group-block gb) with one activation block.
+// Q4: maddubs of nibbles (0..15) by int8 gives pairs within +-3810, so the 8 columns' int16
+// results add up without overflow (at most 30480) before one widening madd; Q4_0's stored
+// q + 8 comes off as 8 * sum(a). Q8_0 stores q + 128, whose products by int8 would saturate
+// maddubs' pairs: with q = stored ^ 0x80, |q| (<= 128) times sign(q)*a (|.| <= 127) keeps
+// pairs within 32512, widened per column.
+PYINFER_INLINE __m256i packed_dot8(int type, const uint8_t* gb, int h, const block_q8a* xb) {
+  const int qo = packed_quants_offset(type);
+  const __m256i ones = _mm256_set1_epi16(1);
+  if (type == GGML_Q8_0) {
+    __m256i isum = _mm256_setzero_si256();
+    for (int c = 0; c < 8; ++c) {
+      const __m256i st = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * c + 32 * h));
+      const __m256i q = _mm256_xor_si256(st, _mm256_set1_epi8(static_cast<char>(0x80)));
+      const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(act4(xb, c), q));
+      isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+    }
+    return isum;
+  }
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  __m256i s16 = _mm256_setzero_si256();
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * c + 32 * h));
+    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), act4(xb, c)));
+    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), act4(xb, c + 4)));
+  }
+  __m256i isum = _mm256_madd_epi16(s16, ones);
+  if (type == GGML_Q4_0) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-8 * xb->sum));
+  return isum;
+}
+
+// 16 rows of W (one group, n_valid of them real) against MT activation rows.
+PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb,
+                                float* y, int64_t ldy, int n_valid) {
+  const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
+  __m256 acc[2][2], acc_min[2][2];                         // [MT][half]
+  for (int c = 0; c < MT; ++c)
+    for (int h = 0; h < 2; ++h) acc[c][h] = acc_min[c][h] = _mm256_setzero_ps();
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const uint8_t* gb = group + ib * gbb;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
+      __m256 mn = _mm256_setzero_ps();
+      if (type == GGML_Q4_1) mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)));
+      for (int c = 0; c < MT; ++c) {
+        const block_q8a* xb = x + c * nb + ib;
+        const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
+        acc[c][h] = _mm256_add_ps(acc[c][h], _mm256_mul_ps(f, _mm256_cvtepi32_ps(packed_dot8(type, gb, h, xb))));
+        if (type == GGML_Q4_1)
+          acc_min[c][h] = _mm256_add_ps(acc_min[c][h], _mm256_mul_ps(mn, _mm256_set1_ps(xb->d * static_cast<float>(xb->sum))));
+      }
+    }
+  }
+  for (int c = 0; c < MT; ++c) {
+    float out[16];
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(out + 8 * h, type == GGML_Q4_1 ? _mm256_add_ps(acc[c][h], acc_min[c][h]) : acc[c][h]);
+    for (int r = 0; r < n_valid; ++r) y[c * ldy + r] = out[r];
+  }
+}
+
+PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
+                                int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const int64_t nb = K / QK8_A;
+  const int64_t group_bytes = kPackRows * rb;
+  for (int64_t n = 0; n < n_rows; n += kPackRows) {
+    const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
+    const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2) packed_tile(type, 2, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
+    for (; m < M; ++m) packed_tile(type, 1, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
+  }
+}
+
+void matmul_q8_0_q8_packed_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                                int64_t n_rows, float* y, int64_t ldy) {
+  packed_rows(GGML_Q8_0, w, rb, xq, M, K, n_rows, y, ldy);
+}
+void matmul_q4_0_q8_packed_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                                int64_t n_rows, float* y, int64_t ldy) {
+  packed_rows(GGML_Q4_0, w, rb, xq, M, K, n_rows, y, ldy);
+}
+void matmul_q4_1_q8_packed_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                                int64_t n_rows, float* y, int64_t ldy) {
+  packed_rows(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
+}
+
 }  // namespace
 
 void fill_matmul_avx2(KernelTable& t) {
@@ -196,6 +302,9 @@ void fill_matmul_avx2(KernelTable& t) {
   t.matmul_fast[GGML_Q8_0] = matmul_q8_0_q8_avx2;
   t.matmul_fast[GGML_Q4_0] = matmul_q4_0_q8_avx2;
   t.matmul_fast[GGML_Q4_1] = matmul_q4_1_q8_avx2;
+  t.matmul_fast_packed[GGML_Q8_0] = matmul_q8_0_q8_packed_avx2;
+  t.matmul_fast_packed[GGML_Q4_0] = matmul_q4_0_q8_packed_avx2;
+  t.matmul_fast_packed[GGML_Q4_1] = matmul_q4_1_q8_packed_avx2;
 }
 
 }  // namespace pyinfer
