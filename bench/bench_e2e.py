@@ -159,14 +159,14 @@ def main() -> None:
             e.pp(prompt[:16])
             e.tg(prompt[0], 4)
         samples: dict[str, dict[str, list[float]]] = {e.name: {"pp": [], "tg": []} for e in engines}
+        py = engines[0]
+        assert isinstance(py, PyinferEngine)
+        gen: list[float] = []
         for _ in range(args.repeats):  # alternate engines within each repeat
             for e in engines:
                 samples[e.name]["pp"].append(PP / e.pp(prompt))
                 samples[e.name]["tg"].append(TG / e.tg(prompt[0], TG))
-        loop = None
-        py = engines[0]
-        assert isinstance(py, PyinferEngine)
-        gen = [py.generate_rate(TG) for _ in range(args.repeats)]
+            gen.append(py.generate_rate(TG))
         bare = samples["pyinfer"]["tg"]
         loop = 1 - statistics.median(gen) / statistics.median(bare)
         wb = py.model.weight_bytes_per_token
