@@ -311,6 +311,7 @@ class Model:
         special: bool = False,
         truncate: str | None = None,
         cancel: CancelToken | None = None,
+        started: float | None = None,
     ) -> Completion | Iterator[CompletionChunk]:
         """Continue a prompt (text, or token ids) in a fresh sequence.
 
@@ -319,9 +320,11 @@ class Model:
         that end the text (not returned). stream=True returns an iterator of chunks whose
         text ends only at whole characters; closing it stops generation. special: parse
         control-token texts in a text prompt (and print them in the output). A prompt
-        longer than n_ctx raises ContextOverflowError unless truncate="left".
+        longer than n_ctx raises ContextOverflowError unless truncate="left". started: when
+        the request arrived (time.perf_counter()), so timings count the wait before this call.
         """
-        started = perf_counter()
+        if started is None:
+            started = perf_counter()
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_bos=add_bos, special=special)
         elif isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, (bytes, bytearray)):
@@ -341,10 +344,10 @@ class Model:
     def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """Reply to a conversation: messages ({"role": ..., "content": ...}) rendered with the
         model's chat template and an assistant header; the same keywords as generate()."""
-        started = perf_counter()
+        started = kwargs.pop("started", None) or perf_counter()
         ids = self.chat_template.encode(self.tokenizer, messages, add_generation_prompt=True)
-        out = self.generate(ids, **kwargs)
-        return out
+        # Rendering and tokenizing the conversation count as the request's tokenize time.
+        return self.generate(ids, started=started, **kwargs)
 
     def _generate(self, ids: list[int], params: SamplingParams, *, stream: bool, **kwargs: Any
                   ) -> Completion | Iterator[CompletionChunk]:
