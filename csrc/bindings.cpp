@@ -549,6 +549,27 @@ void llama_eval_py(LlamaContext& ctx, py::array ids, py::array logits, bool all_
   ctx.eval(p_ids, n, p_logits, all_logits, m, n_threads);
 }
 
+// One token for each of len(contexts) sequences in one forward pass: ids int32 [n], logits
+// float32 [n, n_vocab] written in place.
+void llama_decode_batch_py(LlamaBatch& batch, const std::vector<LlamaContext*>& contexts, py::array ids,
+                           py::array logits, const std::string& mode, int n_threads) {
+  const int64_t n = static_cast<int64_t>(contexts.size());
+  if (ids.ndim() != 1 || !ids.dtype().is(py::dtype::of<int32_t>()) || !(ids.flags() & py::array::c_style) ||
+      ids.shape(0) != n)
+    throw py::value_error("ids must be a 1-D C-contiguous int32 array of one id per context (" +
+                          std::to_string(n) + ")");
+  const int64_t n_vocab = n > 0 && contexts[0] != nullptr ? contexts[0]->n_vocab() : 0;
+  if (!is_c_f32(logits) || !logits.writeable() || logits.ndim() != 2 || logits.shape(0) != n ||
+      logits.shape(1) != n_vocab)
+    throw py::value_error("logits must be a writeable C-contiguous float32 array [" + std::to_string(n) + ", " +
+                          std::to_string(n_vocab) + "]");
+  const MatmulMode m = parse_mode(mode);
+  const auto* p_ids = static_cast<const int32_t*>(ids.data());
+  auto* p_logits = static_cast<float*>(logits.mutable_data());
+  py::gil_scoped_release release;
+  batch.decode(contexts.data(), p_ids, n, p_logits, m, n_threads);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -663,4 +684,13 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("n_ctx", &LlamaContext::n_ctx)
       .def_property_readonly("n_batch", &LlamaContext::n_batch)
       .def_property_readonly("kv_nbytes", [](const LlamaContext& c) { return c.cache().nbytes(); });
+  py::class_<LlamaBatch>(m, "LlamaBatch",
+                         "Batched decode: one token for each of up to n_seq contexts in one forward pass.")
+      .def(py::init([](const PyLlamaModel& model, int64_t n_seq) { return new LlamaBatch(model.model, n_seq); }),
+           py::arg("model"), py::arg("n_seq"))
+      .def("decode", &llama_decode_batch_py, py::arg("contexts"), py::arg("ids"), py::arg("logits"),
+           py::arg("precision"), py::arg("n_threads"),
+           "Append ids[b] (int32 [n]) to contexts[b] (n distinct contexts of this model, n <= n_seq), every "
+           "weight read once for all of them; write each one's next-token logits into logits [n, n_vocab].")
+      .def_property_readonly("n_seq", &LlamaBatch::n_seq);
 }

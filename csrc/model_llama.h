@@ -43,6 +43,13 @@ struct LlamaLayerWeights {
   WeightRef gate;                    // [n_ff][n_embd]
   WeightRef up;                      // [n_ff][n_embd]
   WeightRef down;                    // [n_embd][n_ff]
+  // Fused copies for the fast path, set when repacking could make them (same type, each part
+  // a whole number of 16-row groups): [wq; wk; wv] as one matrix of q_dim + 2 * kv_dim rows
+  // and [gate; up] of 2 * n_ff rows, so a layer's input is quantized, and the pool started,
+  // once per pair instead of once per matrix. Only `packed` is set (data is nullptr); the
+  // parts' own `packed` point into them.
+  WeightRef qkv;
+  WeightRef gate_up;
 };
 
 struct LlamaWeights {
@@ -68,12 +75,30 @@ class LlamaModel {
                      int n_threads);
 
  private:
-  void repack(WeightRef& w);
+  void repack_all();
 
   LlamaConfig config_;
   LlamaWeights weights_;  // with `packed` set where a repacked copy exists
-  std::vector<std::unique_ptr<uint8_t[]>> packed_buffers_;
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  // Every repacked matrix, in the order a forward pass reads them, in one buffer on
+  // transparent huge pages: a decode step streams it front to back.
+  std::unique_ptr<uint8_t, FreeDeleter> packed_arena_;
   size_t repacked_bytes_ = 0;
+};
+
+class LlamaContext;
+
+// Per-row scratch of a forward pass over up to n_rows token rows.
+struct LlamaScratch {
+  LlamaScratch(const LlamaConfig& c, int64_t n_rows);
+  int64_t n_rows;
+  std::vector<float> x, xn;  // [n_rows][n_embd]: the residual stream; a block's normed input or output
+  std::vector<float> qkv;    // [n_rows][q_dim + 2 * kv_dim]: Q, K, V side by side
+  std::vector<float> attn;   // [n_rows][q_dim]
+  std::vector<float> ffn;    // [n_rows][2 * n_ff]: gate, up side by side; then silu(gate) * up
+  std::vector<int64_t> pos, ids;  // [n_rows]
 };
 
 // One sequence: its KV cache, its position, and scratch for up to n_batch tokens per call.
@@ -95,16 +120,41 @@ class LlamaContext {
   // Forget positions >= n (0 clears the sequence).
   void truncate(int64_t n);
   const KVCache& cache() const { return cache_; }
+  const std::shared_ptr<const LlamaModel>& model() const { return model_; }
 
  private:
+  friend class LlamaBatch;
   std::shared_ptr<const LlamaModel> model_;
   int64_t n_ctx_, n_batch_;
   KVCache cache_;
   int64_t n_past_ = 0;
   std::mutex busy_;
-  // Scratch, [n_batch][width] each.
-  std::vector<float> x_, xn_, q_, k_, v_, attn_, gate_, up_;
-  std::vector<int64_t> pos_, ids64_;
+  LlamaScratch scratch_;  // n_batch rows
+};
+
+// Batched decode: one token for each of up to n_seq sequences (contexts of one model, each at
+// its own position) in one forward pass, so every weight is read once per step for all of
+// them; attention stays per sequence.
+class LlamaBatch {
+ public:
+  LlamaBatch(std::shared_ptr<const LlamaModel> model, int64_t n_seq);
+
+  // Appends ids[b] to contexts[b] (b < n, 1 <= n <= n_seq, contexts distinct and of this
+  // model) and writes its next-token logits to logits[b][n_vocab]. Throws
+  // std::invalid_argument (bad id, full context, repeated or foreign context) before
+  // changing any state, and std::runtime_error if a context is in use by another thread.
+  // The result of each row is that of contexts[b]->eval(&ids[b], 1, ...) alone, bit for bit
+  // in fast mode; exact mode may differ in float rounding (its kernels block over rows).
+  void decode(LlamaContext* const* contexts, const int32_t* ids, int64_t n, float* logits, MatmulMode mode,
+              int n_threads);
+
+  int64_t n_seq() const { return n_seq_; }
+
+ private:
+  std::shared_ptr<const LlamaModel> model_;
+  int64_t n_seq_;
+  std::mutex busy_;
+  LlamaScratch scratch_;
 };
 
 }  // namespace pyinfer

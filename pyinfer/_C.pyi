@@ -192,3 +192,19 @@ class LlamaContext:
 
     def truncate(self, n: int) -> None:
         """Forget positions >= n."""
+
+class LlamaBatch:
+    """Batched decode: one token for each of up to n_seq contexts in one forward pass."""
+
+    n_seq: int
+
+    def __init__(self, model: LlamaModel, n_seq: int) -> None:
+        """Scratch for steps of up to n_seq sequences of the model."""
+
+    def decode(self, contexts: list[LlamaContext], ids: npt.NDArray[np.int32], logits: npt.NDArray[np.float32],
+               precision: str, n_threads: int) -> None:
+        """Append ids[b] (int32 [n]) to contexts[b] (n distinct contexts of this model, n <= n_seq),
+        every weight read once for all of them; write each one's next-token logits into
+        logits [n, n_vocab]. Each row is what contexts[b].eval would give alone (bit for bit
+        in fast mode). Raises ValueError (bad id, full or repeated context) before changing any
+        state, RuntimeError if a context is in use by another thread."""

@@ -192,6 +192,9 @@ class Model:
         # cost more than a short prompt's prefill.
         self._idle: list[Context] = []
         self._idle_lock = threading.Lock()
+        # Scratch of decode_batch, grown to the largest batch seen; one step at a time.
+        self._batch: Any = None
+        self._batch_lock = threading.Lock()
 
     @classmethod
     def load(cls, model: ModelArg = None, **kwargs: Any) -> Model:
@@ -226,6 +229,36 @@ class Model:
         n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else self.n_ctx)
         n_batch = _check_positive_int("n_batch", n_batch if n_batch is not None else min(self.n_batch, n_ctx))
         return Context(self, n_ctx, n_batch, self.kv_dtype)
+
+    def decode_batch(self, contexts: Sequence[Context], ids: Sequence[int]) -> np.ndarray:
+        """Advance each context by one token, all in one forward pass: ids[b] goes to
+        contexts[b] at its own position. Every weight is read once per step for the whole
+        batch, so the aggregate rate grows with B until the int8 dot products, not memory,
+        bound the step (bench/bench_batch.py). Returns the next-token logits [B, n_vocab], row b
+        equal to what contexts[b].eval([ids[b]]) would return (bit for bit with
+        precision="fast"). Contexts must be distinct contexts of this model with room for one
+        more token; on any error (ValueError: bad id, full or repeated context; RuntimeError:
+        a context in use by another thread) no context changes."""
+        ctxs = list(contexts)
+        n = len(ctxs)
+        if n == 0:
+            raise ValueError("decode_batch needs at least one context")
+        for i, c in enumerate(ctxs):
+            if not isinstance(c, Context) or c.model is not self:
+                raise ValueError(f"contexts[{i}] is not a context of this model")
+        a = np.asarray(ids)
+        if a.shape != (n,) or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"ids must be {n} integers, one per context")
+        if n and (a.min() < 0 or a.max() >= self.n_vocab):
+            bad = int(a[(a < 0) | (a >= self.n_vocab)][0])
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+        a = np.ascontiguousarray(a, dtype=np.int32)
+        out = np.empty((n, self.n_vocab), np.float32)
+        with self._batch_lock:
+            if self._batch is None or self._batch.n_seq < n:
+                self._batch = _C.LlamaBatch(self._native, max(n, 8))
+            self._batch.decode([c._ctx for c in ctxs], a, out, self.precision, self.n_threads)
+        return out
 
     # -- tokens --
 
