@@ -1,4 +1,4 @@
-"""The `pyinfer` command line: `pyinfer run | chat | info | pull`."""
+"""The `pyinfer` command line: `pyinfer run | chat | info | pull | bench | quantize`."""
 
 from __future__ import annotations
 
@@ -32,6 +32,23 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             print(f"{m.name:<12} {m.description}{default}")
         return 0
     print(pull(args.name, force=args.force))
+    return 0
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from pyinfer.quantize import quantize_model
+
+    r = quantize_model(resolve_model(args.input), args.output, args.type)
+    kinds = ", ".join(f"{n} {t}" for t, n in r["tensor_types"].items())
+    print(f"wrote {r['path']}: {r['file_size']:,} bytes, tensors {kinds}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from pyinfer.bench import run_bench
+
+    run_bench(args.studies, model=args.model, quick=args.quick, out=args.out, threads=args.threads,
+              llama_bench=args.llama_bench, peers=not args.no_peers)
     return 0
 
 
@@ -176,6 +193,26 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--list", action="store_true", help="list the known models")
     pl.add_argument("--force", action="store_true", help="fetch again even if present")
     pl.set_defaults(func=_cmd_pull)
+
+    from pyinfer.quantize import TARGET_TYPES
+
+    q = sub.add_parser("quantize", help="rewrite a GGUF model with every weight matrix in one format")
+    q.add_argument("input", help="GGUF path or known model name")
+    q.add_argument("output", help="GGUF file to write")
+    q.add_argument("--type", required=True, choices=list(TARGET_TYPES), help="format of the weight matrices")
+    q.set_defaults(func=_cmd_quantize)
+
+    b = sub.add_parser("bench", help="measure decode against memory bandwidth; JSON, Markdown and plots")
+    b.add_argument("studies", nargs="*", metavar="STUDY",
+                   help="ceiling roofline formats context batch prefill model_size peers (default: all)")
+    b.add_argument("--quick", action="store_true", help="short runs (under 2 minutes): a smoke test")
+    b.add_argument("--out", default="bench-results", help="directory for the results (default: %(default)s)")
+    b.add_argument("--model", "-m", default=None, help="GGUF path or known model name (default: smollm2)")
+    b.add_argument("--threads", "-t", type=int, nargs="+", default=None,
+                   help="thread counts (default: 1, 2, 4, ... up to the usable cores)")
+    b.add_argument("--llama-bench", default=None, metavar="PATH", help="a llama-bench binary to compare with")
+    b.add_argument("--no-peers", action="store_true", help="time pyinfer alone in the peers study")
+    b.set_defaults(func=_cmd_bench)
     return p
 
 

@@ -1,0 +1,63 @@
+"""The bench suite behind `pyinfer bench`: decode measured against the machine's memory
+bandwidth, swept over weight format, threads, context, batch and model size, with prefill
+and peers; JSON (every raw sample), Markdown and PNG plots per study."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pyinfer.bench.common import Settings, environment, write_study
+from pyinfer.bench.plots import PLOTS
+from pyinfer.bench.studies import STUDIES
+from pyinfer.model import default_threads
+from pyinfer.models import ModelArg, resolve_model
+
+# The order studies run in when none is named: the ceiling first, so everything after it
+# can be read against it.
+DEFAULT_STUDIES = list(STUDIES)
+
+
+def default_thread_counts() -> list[int]:
+    """1, 2, 4, ... up to the usable cores, and the core count itself."""
+    n = default_threads()
+    out, t = [], 1
+    while t < n:
+        out.append(t)
+        t *= 2
+    return out + [n]
+
+
+def run_bench(studies: list[str] | None = None, *, model: ModelArg = None, quick: bool = False,
+              out: str | Path = "bench-results", threads: list[int] | None = None,
+              llama_bench: str | None = None, peers: bool = True) -> dict[str, Any]:
+    """Run the named studies (all by default) and write their files under `out`, plus
+    summary.md gathering every study's Markdown. Returns {study: report}."""
+    names = studies or DEFAULT_STUDIES
+    unknown = [n for n in names if n not in STUDIES]
+    if unknown:
+        raise ValueError(f"unknown study {', '.join(unknown)} (known: {', '.join(STUDIES)})")
+    if threads and min(threads) < 1:
+        raise ValueError("thread counts must be positive")
+    s = Settings(model=resolve_model(model), threads=sorted(set(threads or default_thread_counts())),
+                 quick=quick, out=Path(out), llama_bench=llama_bench, peers=peers, env=environment())
+    started = time.perf_counter()
+    reports: dict[str, Any] = {}
+    summary = [f"# pyinfer bench: {s.model.name}", "",
+               f"{time.strftime('%Y-%m-%d %H:%M')}, {s.env['machine']['cpu_model']}, ISA path {s.env['isa']}, "
+               f"commit {s.env['commit']}, threads {s.threads}{', quick' if quick else ''}.", ""]
+    for i, name in enumerate(names, 1):
+        print(f"[{i}/{len(names)}] {name}", file=sys.stderr)
+        t = time.perf_counter()
+        report, md = STUDIES[name](s)
+        report["elapsed_s"] = time.perf_counter() - t
+        write_study(s, report, md, PLOTS.get(name))
+        reports[name] = report
+        summary += md + [""]
+    summary.append(f"Total {time.perf_counter() - started:.0f} s.")
+    s.out.mkdir(parents=True, exist_ok=True)
+    (s.out / "summary.md").write_text("\n".join(summary) + "\n")
+    print(f"wrote {s.out}/ ({', '.join(names)}: JSON, Markdown, PNG) and summary.md", file=sys.stderr)
+    return reports

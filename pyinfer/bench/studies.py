@@ -1,0 +1,460 @@
+"""The studies of `pyinfer bench`. Each takes the Settings, measures (validating first,
+warming up, alternating what it compares so drift hits all alike), and returns its report
+(every raw sample included) and a Markdown summary."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from pyinfer import _C, quants
+from pyinfer.bench.common import (
+    GB,
+    Progress,
+    Settings,
+    decode_row,
+    kv_bytes_per_position,
+    median,
+    prompt_ids,
+    table,
+    timed_decode,
+)
+from pyinfer.bench.engines import Engine, PyinferEngine, peer_makers
+from pyinfer.bench.synthetic import PRESETS, synthetic_model
+from pyinfer.gguf import GGUFReader
+from pyinfer.model import Model
+from pyinfer.quantize import TARGET_TYPES, ensure_derived
+
+Report = tuple[dict[str, Any], list[str]]
+
+
+def _fmt_mb(n: float) -> str:
+    return f"{n / 1e6:.1f}"
+
+
+# -- ceiling ---------------------------------------------------------------------------------
+
+
+def _time_call(fn: Any, min_s: float = 0.02, repeats: int = 5) -> list[float]:
+    """Seconds per call, each sample averaging enough calls to last min_s."""
+    fn()
+    t = time.perf_counter()
+    fn()
+    inner = max(1, int(min_s / max(time.perf_counter() - t, 1e-7)))
+    out = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        out.append((time.perf_counter() - t) / inner)
+    return out
+
+
+def study_ceiling(s: Settings) -> Report:
+    """Read bandwidth over an array far past the last-level cache at each thread count, and
+    one core's peak matmul throughput on cache-resident operands (the compute ceiling)."""
+    kernels = [("q4_1", "fast", True), ("q8_0", "fast", True), ("f32", "exact", False)]
+    prog = Progress("ceiling", len(s.threads) + len(kernels))
+    bw = []
+    for nt in s.threads:
+        r = s.bandwidth(nt, repeats=3 if s.quick else 10)
+        bw.append({"threads": nt, "median_gbps": r["median_gbps"], "best_gbps": r["best_gbps"],
+                   "gbps_samples": r["gbps"], "n_bytes": r["n_bytes"], "isa": r["isa"]})
+        prog.step(f"read bandwidth, {nt} thread(s)")
+    # M=64 rows of activations against a 256 x 1024 weight matrix: W is 160-1024 KiB, held
+    # in L2, so the kernel's arithmetic, not memory, sets the pace.
+    m_rows, n, k = 64, 256, 1024
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((m_rows, k)).astype(np.float32)
+    wf = (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+    compute = []
+    for name, mode, packed in kernels:
+        t = TARGET_TYPES[name]
+        raw = quants.quantize(wf, t)
+        w = _C.repack(raw, int(t), n, k) if packed else raw
+        y = _C.matmul(x, w, int(t), n, k, mode=mode, packed=packed)
+        ref = x @ quants.dequantize(raw, t).reshape(n, k).T
+        err = float(np.abs(y - ref).max() / np.abs(ref).max())
+        if not err < 0.05:
+            raise RuntimeError(f"ceiling: {name} matmul differs from NumPy by {err:.3g} (relative)")
+        secs = _time_call(lambda w=w, t=t, mode=mode, packed=packed: _C.matmul(x, w, int(t), n, k, mode=mode,
+                                                                                packed=packed, n_threads=1))
+        gops = [2 * m_rows * n * k / sec / 1e9 for sec in secs]
+        compute.append({"weights": name, "mode": mode, "layout": "packed16" if packed else "blocks",
+                        "M": m_rows, "N": n, "K": k, "threads": 1, "gops": median(gops), "gops_samples": gops,
+                        "arith": "int8 dot products" if mode == "fast" else "float32 FMA"})
+        prog.step(f"matmul {name}")
+    md = ["## Ceiling", "", "Memory read bandwidth (each thread sums its own slice with the widest loads; "
+          "copy and triad are not measured: decode only reads weights):", ""]
+    md += table(["threads", "median GB/s", "best GB/s", "passes", "array MiB"],
+                [[b["threads"], f"{b['median_gbps']:.1f}", f"{b['best_gbps']:.1f}", len(b["gbps_samples"]),
+                  b["n_bytes"] >> 20] for b in bw])
+    md += ["", "One core's matmul throughput on cache-resident operands "
+           f"(x[{m_rows}, {k}] @ W[{n}, {k}]^T; 2 ops per multiply-add):", ""]
+    md += table(["weights", "mode", "layout", "arithmetic", "GOP/s"],
+                [[c["weights"], c["mode"], c["layout"], c["arith"], f"{c['gops']:.1f}"] for c in compute])
+    return {"study": "ceiling", "bandwidth": bw, "compute": compute}, md
+
+
+# -- decode roofline and formats ----------------------------------------------------------------
+
+
+def roofline_formats(s: Settings) -> list[str]:
+    return ["f16", "q8_0", "q4_1"] if s.quick and s.model.stat().st_size > 20e6 else list(TARGET_TYPES)
+
+
+def _decode_sweep(s: Settings, models: dict[str, Model], *, start: int, n_steps: int, title: str,
+                  key: str) -> list[dict[str, Any]]:
+    """Decode tokens/s of each model at each thread count, alternating models and read-
+    bandwidth passes within every repeat so all see the same machine."""
+    prog = Progress(title, len(s.threads) * s.repeats * (len(models) + 1) + len(models))
+    ctxs = {}
+    for name, m in models.items():  # validate (finite logits) and warm up; fill the prompt
+        ctx = m.context(n_ctx=start + n_steps + 1, n_batch=max(start, 1))
+        ids = prompt_ids(m, max(start, 1))
+        logits = ctx.eval(ids)
+        if not np.isfinite(logits).all():
+            raise RuntimeError(f"{title}: {name} gives non-finite logits")
+        ctx.truncate(start)
+        timed_decode(ctx, ids[0], min(4, n_steps))
+        ctxs[name] = (ctx, ids[0])
+        prog.step(f"warm up {name}")
+    rows = []
+    for nt in s.threads:
+        samples: dict[str, list[float]] = {name: [] for name in models}
+        bw: list[float] = []
+        for _ in range(s.repeats):
+            bw += s.bandwidth(nt, repeats=2)["gbps"]
+            prog.step(f"bandwidth {nt}t")
+            for name, m in models.items():
+                m.n_threads = nt
+                ctx, first = ctxs[name]
+                samples[name].append(n_steps / timed_decode(ctx, first, n_steps))
+                prog.step(f"{name} {nt}t")
+        ceiling = median(bw)
+        for name, m in models.items():
+            rows.append(decode_row(m, samples[name], start=start, n_steps=n_steps, ceiling_gbps=ceiling,
+                                   **{key: name, "threads": nt, "ceiling_gbps_samples": bw,
+                                      "repacked_bytes": m.repacked_bytes}))
+    return rows
+
+
+def _roofline_md(rows: list[dict[str, Any]], key: str, label: str) -> list[str]:
+    return table([label, "threads", "MB/token (weights + KV)", "tok/s", "GB/s", "ceiling GB/s", "% of ceiling",
+                  "tok/s at ceiling"],
+                 [[r[key], r["threads"], f"{_fmt_mb(r['weight_bytes_per_token'])} + {_fmt_mb(r['kv_bytes_per_token'])}",
+                   f"{r['tokens_per_s']:.1f}", f"{r['achieved_gbps']:.1f}", f"{r['ceiling_gbps']:.1f}",
+                   f"{r['pct_of_ceiling']:.0f}%", f"{r['ceiling_gbps'] * GB / r['bytes_per_token']:.0f}"]
+                  for r in rows])
+
+
+def study_roofline(s: Settings) -> Report:
+    """Decode tokens/s per weight format at each thread count against bytes read per token."""
+    start, n_steps = (16, 8) if s.quick else (32, 32)
+    models = {}
+    for fmt in roofline_formats(s):
+        models[fmt] = Model.load(ensure_derived(s.model, fmt), n_threads=max(s.threads))
+    rows = _decode_sweep(s, models, start=start, n_steps=n_steps, title="roofline", key="format")
+    del models
+    md = ["## Decode roofline", "",
+          f"Decode from position {start}, {n_steps} steps, median of {s.repeats}; bytes per token = weights "
+          "read by one step + the mean KV cache it reads; the ceiling is the read bandwidth measured "
+          "between the decode runs at the same thread count.", ""]
+    return {"study": "roofline", "rows": rows}, md + _roofline_md(rows, "format", "format")
+
+
+def study_formats(s: Settings) -> Report:
+    """The model in every format `pyinfer quantize` writes: sizes, bytes per token, and how
+    far each format's logits move from the source's."""
+    fmts = list(TARGET_TYPES)
+    prog = Progress("formats", len(fmts) + 1)
+    src = Model.load(s.model, precision="exact", n_ctx=64)
+    ids = prompt_ids(src, 16)
+    ref = src.logits(ids)
+    prog.step("source logits")
+    rows = []
+    for fmt in fmts:
+        t = time.perf_counter()
+        path = ensure_derived(s.model, fmt)
+        convert_s = time.perf_counter() - t
+        t = time.perf_counter()
+        m = Model.load(path, precision="exact", n_ctx=64)
+        load_s = time.perf_counter() - t
+        got = m.logits(ids)
+        with GGUFReader(path) as r:
+            types: dict[str, int] = {}
+            for ti in r.tensors.values():
+                types[ti.type.name] = types.get(ti.type.name, 0) + 1
+        rows.append({"format": fmt, "path": str(path), "file_size": path.stat().st_size,
+                     "weight_bytes_per_token": m.weight_bytes_per_token, "tensor_types": types,
+                     "convert_s": convert_s, "load_s": load_s, "repacked_bytes": m.repacked_bytes,
+                     "max_rel_logit_error": float(np.abs(got - ref).max() / np.abs(ref).max()),
+                     "top1_agreement": float((got.argmax(1) == ref.argmax(1)).mean())})
+        prog.step(fmt)
+    md = ["## Formats", "", f"`pyinfer quantize` of {s.model.name} into each format (norms stay F32); "
+          "logits of a 16-token prompt on the exact path against the source's:", ""]
+    md += table(["format", "file MB", "weights MB/token", "max logit error (relative)", "top-1 agreement",
+                 "load s"],
+                [[r["format"], _fmt_mb(r["file_size"]), _fmt_mb(r["weight_bytes_per_token"]),
+                  f"{r['max_rel_logit_error']:.2e}", f"{r['top1_agreement']:.0%}", f"{r['load_s']:.2f}"]
+                 for r in rows])
+    return {"study": "formats", "source": str(s.model), "rows": rows}, md
+
+
+# -- context -------------------------------------------------------------------------------
+
+
+def study_context(s: Settings) -> Report:
+    """Decode tokens/s against the context length for each KV-cache type: the KV cache read
+    per step grows with the context until it rivals the weights."""
+    n_steps = 8 if s.quick else 16
+    probe = Model.load(s.model, n_ctx=64)
+    top = 256 if s.quick else min(4096, probe.config.n_ctx_train)
+    del probe
+    points = [p for p in ([16, 64, 128, 256] if s.quick else [16, 128, 256, 512, 1024, 2048, 4096]) if p <= top]
+    nt = max(s.threads)
+    models = {kv: Model.load(s.model, n_threads=nt, n_ctx=top + n_steps + 1, kv_dtype=kv)
+              for kv in ("float32", "float16")}
+    ctxs = {kv: m.context() for kv, m in models.items()}
+    prog = Progress("context", len(points) * (s.repeats * 3 + 1))
+    rows = []
+    for p in points:
+        for kv, ctx in ctxs.items():  # extend each cache to p positions
+            if ctx.n_past < p:
+                ctx.eval(prompt_ids(models[kv], p - ctx.n_past, seed=p))
+        prog.step(f"prefill to {p}")
+        samples: dict[str, list[float]] = {kv: [] for kv in models}
+        bw: list[float] = []
+        for _ in range(s.repeats):
+            bw += s.bandwidth(nt, repeats=2)["gbps"]
+            prog.step(f"bandwidth at {p}")
+            for kv, ctx in ctxs.items():
+                samples[kv].append(n_steps / timed_decode(ctx, 1, n_steps))
+                prog.step(f"{kv} at {p}")
+        for kv, m in models.items():
+            rows.append(decode_row(m, samples[kv], start=p, n_steps=n_steps, ceiling_gbps=median(bw),
+                                   kv_dtype=kv, threads=nt, context=p,
+                                   kv_bytes_per_position=kv_bytes_per_position(m), ceiling_gbps_samples=bw))
+    md = ["## Context length", "", f"Decode tokens/s at {nt} thread(s), {n_steps} steps from each context length; "
+          "KV MB/token is what one step reads of the cache.", ""]
+    md += table(["KV type", "context", "weights MB", "KV MB", "tok/s", "GB/s", "% of ceiling"],
+                [[r["kv_dtype"], r["context"], _fmt_mb(r["weight_bytes_per_token"]), _fmt_mb(r["kv_bytes_per_token"]),
+                  f"{r['tokens_per_s']:.1f}", f"{r['achieved_gbps']:.1f}", f"{r['pct_of_ceiling']:.0f}%"]
+                 for r in rows])
+    return {"study": "context", "rows": rows}, md
+
+
+# -- batch ---------------------------------------------------------------------------------
+
+
+def study_batch(s: Settings) -> Report:
+    """B sequences decoding together: aggregate and per-sequence tokens/s. With the model's
+    batched decode (Model.decode_batch: each weight read once per step for all B) beside the
+    baseline of B contexts stepping in turn (each reads every weight again), alternating."""
+    sizes = [1, 2, 4] if s.quick else [1, 2, 4, 8, 16, 32, 64]
+    start, n_steps = 16, (4 if s.quick else 8)
+    nt = max(s.threads)
+    m = Model.load(s.model, n_threads=nt, n_ctx=start + n_steps + 1)
+    batched = getattr(m, "decode_batch", None)  # absent in builds without batched decode
+    modes = (["batched"] if batched is not None else []) + ["sequential"]
+    ctxs = [m.context() for _ in range(max(sizes))]
+    ids = prompt_ids(m, start)
+    for c in ctxs:
+        c.eval(ids)
+
+    def step(mode: str, group: list[Any], toks: list[int]) -> list[int]:
+        if mode == "batched":
+            return [int(t) for t in batched(group, toks).argmax(axis=1)]
+        return [int(c.eval([tok]).argmax()) for c, tok in zip(group, toks)]
+
+    if batched is not None:  # validate: one batched step gives each context's own greedy token
+        probe = ctxs[:2]
+        got = step("batched", probe, [1, 2])
+        for c in probe:
+            c.truncate(start)
+        want = step("sequential", probe, [1, 2])
+        for c in probe:
+            c.truncate(start)
+        if got != want:
+            raise RuntimeError(f"batch: decode_batch gives {got}, one context at a time {want}")
+    prog = Progress("batch", len(sizes) * s.repeats * len(modes))
+    rows = []
+    kv = kv_bytes_per_position(m) * (start + (n_steps + 1) / 2)
+    w = m.weight_bytes_per_token
+    for b in sizes:
+        samples: dict[str, list[float]] = {mode: [] for mode in modes}
+        for _ in range(s.repeats):
+            for mode in modes:
+                group, toks = ctxs[:b], [1] * b
+                t = time.perf_counter()
+                for _ in range(n_steps):
+                    toks = step(mode, group, toks)
+                samples[mode].append(b * n_steps / (time.perf_counter() - t))
+                for c in group:
+                    c.truncate(start)
+                prog.step(f"B={b} {mode}")
+        for mode in modes:
+            agg = median(samples[mode])
+            wt = w / b if mode == "batched" else w  # weights read per token generated
+            rows.append({"batch": b, "mode": mode, "threads": nt, "aggregate_tokens_per_s": agg,
+                         "per_sequence_tokens_per_s": agg / b, "aggregate_samples": samples[mode],
+                         "weight_bytes_per_token": wt, "kv_bytes_per_token": kv,
+                         "achieved_gbps": agg * (wt + kv) / GB})
+    label = ("batched (Model.decode_batch) beside sequential (B contexts stepping in turn)" if batched is not None
+             else "sequential only (B contexts stepping in turn; this build has no batched decode)")
+    md = ["## Batch", "", f"Modes: {label}. {nt} thread(s), from position {start}, {n_steps} steps; "
+          "GB/s counts weights once per step when batched.", ""]
+    md += table(["B", "mode", "aggregate tok/s", "per-sequence tok/s", "MB read per token", "GB/s"],
+                [[r["batch"], r["mode"], f"{r['aggregate_tokens_per_s']:.1f}", f"{r['per_sequence_tokens_per_s']:.1f}",
+                  _fmt_mb(r["weight_bytes_per_token"] + r["kv_bytes_per_token"]), f"{r['achieved_gbps']:.1f}"]
+                 for r in rows])
+    return {"study": "batch", "mode": label, "modes": modes, "rows": rows}, md
+
+
+# -- prefill / TTFT ------------------------------------------------------------------------
+
+
+def prefill_ops(r: GGUFReader, n: int) -> float:
+    """Operations (2 per multiply-add) of a prefill of n tokens: every layer matrix for each
+    token, attention over the causal triangle, the output head for the last token only."""
+    from pyinfer.model import ModelConfig
+
+    c = ModelConfig.from_gguf(r)
+    layer = sum(t.n_elements for name, t in r.tensors.items() if name.startswith("blk.") and len(t.shape) == 2)
+    attn = c.n_layer * 2 * c.n_head * c.head_dim * n * (n + 1) / 2  # QK^T and AV
+    return 2.0 * (layer * n + attn + c.n_vocab * c.n_embd)
+
+
+def study_prefill(s: Settings) -> Report:
+    """Prefill tokens/s, GOP/s and time to first token against the prompt length."""
+    lengths = [16, 64, 128] if s.quick else [16, 32, 64, 128, 256, 512, 1024, 2048]
+    nt = max(s.threads)
+    m = Model.load(s.model, n_threads=nt, n_ctx=max(lengths) + 8)
+    ctx = m.context()
+    prog = Progress("prefill", len(lengths) * s.repeats + 1)
+    ctx.eval(prompt_ids(m, 16))  # warm up
+    prog.step("warm up")
+    rows = []
+    for n in lengths:
+        ids = prompt_ids(m, n, seed=n)
+        pre, ttft = [], []
+        for _ in range(s.repeats):  # alternate the bare prefill with a whole request
+            ctx.reset()
+            t = time.perf_counter()
+            ctx.eval(ids)
+            pre.append(time.perf_counter() - t)
+            c = m.generate(ids, max_tokens=1, temperature=0)
+            ttft.append(float(c.timings.ttft_s))
+            prog.step(f"{n} tokens")
+        ops = prefill_ops(m.reader, n)
+        sec = median(pre)
+        rows.append({"prompt_tokens": n, "threads": nt, "prefill_s": sec, "prefill_s_samples": pre,
+                     "prefill_tokens_per_s": n / sec, "ops": ops, "gops": ops / sec / 1e9,
+                     "ttft_s": median(ttft), "ttft_s_samples": ttft})
+    md = ["## Prefill and time to first token", "", f"{nt} thread(s); TTFT is a whole Model.generate request "
+          "with max_tokens=1 (prefill, first sampling, bookkeeping).", ""]
+    md += table(["prompt tokens", "prefill tok/s", "GOP/s", "TTFT ms"],
+                [[r["prompt_tokens"], f"{r['prefill_tokens_per_s']:.0f}", f"{r['gops']:.1f}",
+                  f"{r['ttft_s'] * 1e3:.1f}"] for r in rows])
+    return {"study": "prefill", "rows": rows}, md
+
+
+# -- model size ----------------------------------------------------------------------------
+
+
+def study_model_size(s: Settings) -> Report:
+    """Decode on synthetic llama models of growing size (random Q4_1 weights: speed does not
+    depend on the values) beside the benchmarked model: all far past the cache, on one line."""
+    presets = ["tiny"] if s.quick else ["0.5b", "1b", "3b"]
+    start, n_steps = (16, 8) if s.quick else (16, 16)
+    rows = []
+    for name in [s.model.name] + presets:
+        path = s.model if name == s.model.name else synthetic_model(name)
+        m = Model.load(path, n_threads=max(s.threads), n_ctx=start + n_steps + 1)
+        r = _decode_sweep(s, {name: m}, start=start, n_steps=n_steps, title=f"size {name}", key="model")
+        for row in r:
+            row["n_params"] = PRESETS[name].n_params if name in PRESETS else None
+            row["synthetic"] = name in PRESETS
+        rows += r
+        del m
+    md = ["## Model size", "", "Synthetic llama-shaped models with random Q4_1 weights (speed does not depend "
+          "on weight values), decoding beside the benchmarked model.", ""]
+    return {"study": "model_size", "rows": rows}, md + _roofline_md(rows, "model", "model")
+
+
+# -- peers ---------------------------------------------------------------------------------
+
+
+def study_peers(s: Settings) -> Report:
+    """pp and tg through pyinfer and every peer available, alternating engines within each
+    repeat; reported as pyinfer's speed over each peer's, measured side by side."""
+    pp, tg = (64, 16) if s.quick else (512, 128)
+    makers, skipped = peer_makers(s.llama_bench) if s.peers else ([], {"all": "disabled"})
+    prog = Progress("peers", len(s.threads) * (s.repeats * (len(makers) + 1) + len(makers) + 1))
+    rows: list[dict[str, Any]] = []
+    rng = np.random.default_rng(0)
+    for nt in s.threads:
+        engines: list[Engine] = [PyinferEngine(s.model, nt, pp + tg + 8)]
+        prompt = [int(t) for t in rng.integers(min(100, engines[0].model.n_vocab // 4), engines[0].model.n_vocab, pp)]
+        for name, mk in makers:
+            try:
+                e = mk(s.model, nt, pp + tg + 8)
+                e.pp(prompt[:16])  # validate it runs, and warm up
+                e.tg(prompt[0], 4)
+                engines.append(e)
+            except Exception as ex:  # a peer that cannot run this model is reported, not fatal
+                skipped[name] = f"{type(ex).__name__}: {ex}"[:300]
+            prog.step(f"load {name} {nt}t")
+        engines[0].pp(prompt[:16])
+        engines[0].tg(prompt[0], 4)
+        prog.step("warm up pyinfer")
+        samples = {e.name: {"pp": [], "tg": []} for e in engines}
+        gen: list[float] = []
+        for _ in range(s.repeats):
+            for e in engines:
+                samples[e.name]["pp"].append(e.pp(prompt))
+                samples[e.name]["tg"].append(e.tg(prompt[0], tg))
+                prog.step(f"{e.name} {nt}t")
+            py = engines[0]
+            assert isinstance(py, PyinferEngine)
+            gen.append(py.generate_rate(tg))
+        for e in engines:
+            rows.append({"engine": e.name, "threads": nt, "pp": median(samples[e.name]["pp"]),
+                         "tg": median(samples[e.name]["tg"]), "pp_samples": samples[e.name]["pp"],
+                         "tg_samples": samples[e.name]["tg"], **getattr(e, "info", {})})
+        bare = rows[-len(engines)]["tg"]
+        rows.append({"engine": "pyinfer generate()", "threads": nt, "tg": median(gen), "tg_samples": gen,
+                     "loop_overhead": 1 - median(gen) / bare})
+        del engines
+    ratios = []
+    for r in rows:
+        base = next(x for x in rows if x["engine"] == "pyinfer" and x["threads"] == r["threads"])
+        if r["engine"] not in ("pyinfer", "pyinfer generate()"):
+            ratios.append({"peer": r["engine"], "threads": r["threads"], "pp_ratio": base["pp"] / r["pp"],
+                           "tg_ratio": base["tg"] / r["tg"]})
+    md = ["## Peers", "", f"pp{pp}: one {pp}-token prompt from an empty cache; tg{tg}: {tg} single-token steps. "
+          "Engines alternate within each repeat; ratios are pyinfer's tokens/s over the peer's "
+          "(above 1: pyinfer is faster).", ""]
+    md += table(["engine", "threads", f"pp{pp} tok/s", f"tg{tg} tok/s"],
+                [[r["engine"], r["threads"], f"{r['pp']:.0f}" if "pp" in r else "-", f"{r['tg']:.1f}"] for r in rows])
+    if ratios:
+        md += [""] + table(["peer", "threads", f"pp{pp} pyinfer / peer", f"tg{tg} pyinfer / peer"],
+                           [[x["peer"], x["threads"], f"{x['pp_ratio']:.2f}x", f"{x['tg_ratio']:.2f}x"] for x in ratios])
+    if skipped:
+        md += [""] + [f"- {k} skipped: {v}" for k, v in skipped.items()]
+    return {"study": "peers", "pp_tokens": pp, "tg_tokens": tg, "rows": rows, "ratios": ratios,
+            "skipped": skipped}, md
+
+
+STUDIES = {
+    "ceiling": study_ceiling,
+    "roofline": study_roofline,
+    "formats": study_formats,
+    "context": study_context,
+    "batch": study_batch,
+    "prefill": study_prefill,
+    "model_size": study_model_size,
+    "peers": study_peers,
+}
