@@ -153,7 +153,8 @@ def _roofline_md(rows: list[dict[str, Any]], key: str, label: str) -> list[str]:
 def study_roofline(s: Settings) -> Report:
     """Decode tokens/s per weight format at each thread count against bytes read per token."""
     start, n_steps = (16, 8) if s.quick else (32, 32)
-    models = {}
+    # The file as given first (e.g. Q4_1 layers with a Q8_0 head), then every derived format.
+    models = {"as stored": Model.load(s.model, n_threads=max(s.threads))}
     for fmt in roofline_formats(s):
         models[fmt] = Model.load(ensure_derived(s.model, fmt), n_threads=max(s.threads))
     rows = _decode_sweep(s, models, start=start, n_steps=n_steps, title="roofline", key="format")
