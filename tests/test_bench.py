@@ -78,7 +78,7 @@ def _check_decode_row(r: dict) -> None:
 def test_roofline_is_internally_consistent(bench_out: Path, tiny: Path) -> None:
     rep = _load(bench_out, "roofline")
     rows = rep["rows"]
-    assert {(r["format"], r["threads"]) for r in rows} == {(f, t) for f in TARGET_TYPES for t in (1, 2)}
+    assert {(r["format"], r["threads"]) for r in rows} == {(f, t) for f in ("as stored", *TARGET_TYPES) for t in (1, 2)}
     with GGUFReader(tiny) as g:
         n_layer, n_kv, hd = (g.metadata["llama.block_count"], g.metadata["llama.attention.head_count_kv"],
                              g.metadata["llama.embedding_length"] // g.metadata["llama.attention.head_count"])
