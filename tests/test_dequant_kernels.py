@@ -388,7 +388,6 @@ def test_set_isa_unavailable_raises() -> None:
 
 def import_with_isa(value: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYINFER_ISA=value)
-    # cwd: the tests folder, so the source tree's uncompiled pyinfer/ cannot shadow the install
     return subprocess.run(
         [sys.executable, "-c", "import pyinfer; print(pyinfer.cpu_info()['isa'])"],
         env=env, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent, check=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Any, TextIO
 
@@ -220,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # the reader went away (`pyinfer info | head`): not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stops the flush at exit from failing
+        return 0
     except (GGUFError, ModelNotFoundError, RuntimeError, ValueError) as e:
         print(f"pyinfer {args.command}: error: {e}", file=sys.stderr)
         return 1
