@@ -50,48 +50,45 @@ class SpinBarrier {
 
 }  // namespace
 
-BandwidthResult measure_read_bandwidth(size_t n_bytes, int n_threads, int repeats) {
-  if (n_threads < 1) throw std::invalid_argument("n_threads must be >= 1");
-  if (repeats < 1) throw std::invalid_argument("repeats must be >= 1");
-  const size_t chunk = 4096 * static_cast<size_t>(n_threads);
-  n_bytes = (n_bytes / chunk) * chunk;
-  if (n_bytes == 0) throw std::invalid_argument("n_bytes must be at least 4096 * n_threads");
-  // The array gets the memory a decode's weights get. NumPy asks for transparent huge pages
-  // on every large array (and the kernels read weights through NumPy), and on this machine's
-  // Zen 4 a stream over 2 MiB pages reads 15-20% faster than one over 4 KiB pages (fewer
-  // TLB misses and page walks in the way of the prefetchers): a probe on small pages was
-  // no ceiling for a GEMV on huge ones. Where the kernel grants no huge pages, neither
-  // does it to NumPy, and both read small pages.
+namespace {
+
+// Memory that large arrays of weights get: 2 MiB aligned and advised to transparent huge
+// pages. NumPy asks for huge pages on every large array (and the kernels read weights
+// through NumPy), and on this machine's Zen 4 a stream over 2 MiB pages reads 15-20% faster
+// than one over 4 KiB pages (fewer TLB misses and page walks in the way of the
+// prefetchers): a probe on small pages was no ceiling for a GEMV on huge ones. Where the
+// kernel grants no huge pages, neither does it to NumPy, and both use small pages.
+std::unique_ptr<uint8_t, FreeDeleter> alloc_like_weights(size_t n_bytes) {
   constexpr size_t kHugePage = size_t{2} << 20;
   const size_t alloc_bytes = (n_bytes + kHugePage - 1) / kHugePage * kHugePage;
-  std::unique_ptr<uint8_t, FreeDeleter> buf(
-      static_cast<uint8_t*>(std::aligned_alloc(kHugePage, alloc_bytes)));
+  std::unique_ptr<uint8_t, FreeDeleter> buf(static_cast<uint8_t*>(std::aligned_alloc(kHugePage, alloc_bytes)));
   if (!buf) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   madvise(buf.get(), alloc_bytes, MADV_HUGEPAGE);  // advice only: failure leaves small pages
 #endif
-  const size_t slice = n_bytes / n_threads;
-  const ReadSumFn read_sum = kernels().read_sum;
+  return buf;
+}
 
-  // sums[rep * n_threads + t]: what thread t read in pass rep.
-  std::vector<uint64_t> sums(static_cast<size_t>(repeats) * static_cast<size_t>(n_threads));
+// Starts n_threads threads (the caller is thread 0) once; each runs init(t), then for every
+// pass meets the others at a barrier, runs pass(t) and meets them again. Thread 0 times each
+// pass from barrier to barrier. Returns the seconds of every pass and fills out[rep][t] with
+// what pass() returned.
+template <class Init, class Pass>
+std::vector<double> timed_passes(int n_threads, int repeats, const Init& init, const Pass& pass,
+                                 std::vector<uint64_t>& out) {
+  out.assign(static_cast<size_t>(repeats) * static_cast<size_t>(n_threads), 0);
   std::vector<double> seconds(static_cast<size_t>(repeats));
   SpinBarrier barrier(n_threads);
-
-  // Runs on every thread; thread 0 (the caller) also keeps the clock.
   auto body = [&](int t) {
-    uint8_t* p = buf.get() + t * slice;
-    for (size_t i = 0; i < slice; ++i) p[i] = static_cast<uint8_t>(i * 131 + t);
+    init(t);
     for (int rep = 0; rep < repeats; ++rep) {
       barrier.wait();
       const auto t0 = std::chrono::steady_clock::now();
-      sums[static_cast<size_t>(rep) * n_threads + t] = read_sum(p, slice);
+      out[static_cast<size_t>(rep) * n_threads + t] = pass(t);
       barrier.wait();
-      if (t == 0)
-        seconds[rep] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (t == 0) seconds[rep] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
   };
-
   // Workers wait for `go` before touching anything: if starting one fails, the ones already
   // running are told to leave instead of waiting at a barrier forever.
   std::atomic<int> go{0};  // 0: wait, 1: run, -1: leave
@@ -112,18 +109,85 @@ BandwidthResult measure_read_bandwidth(size_t n_bytes, int n_threads, int repeat
   go.store(1, std::memory_order_release);
   body(0);
   for (auto& w : workers) w.join();
+  return seconds;
+}
 
+void check_args(int n_threads, int repeats) {
+  if (n_threads < 1) throw std::invalid_argument("n_threads must be >= 1");
+  if (repeats < 1) throw std::invalid_argument("repeats must be >= 1");
+}
+
+}  // namespace
+
+BandwidthResult measure_read_bandwidth(size_t n_bytes, int n_threads, int repeats) {
+  check_args(n_threads, repeats);
+  const size_t chunk = 4096 * static_cast<size_t>(n_threads);
+  n_bytes = (n_bytes / chunk) * chunk;
+  if (n_bytes == 0) throw std::invalid_argument("n_bytes must be at least 4096 * n_threads");
+  auto buf = alloc_like_weights(n_bytes);
+  const size_t slice = n_bytes / n_threads;
+  const ReadSumFn read_sum = kernels().read_sum;
+  std::vector<uint64_t> sums;  // [rep][t]: what thread t read in pass rep
   BandwidthResult r;
+  r.seconds = timed_passes(
+      n_threads, repeats,
+      [&](int t) {  // first touch from the reading thread: its pages land near it
+        uint8_t* p = buf.get() + t * slice;
+        for (size_t i = 0; i < slice; ++i) p[i] = static_cast<uint8_t>(i * 131 + t);
+      },
+      [&](int t) { return read_sum(buf.get() + t * slice, slice); }, sums);
   r.n_bytes = n_bytes;
   r.n_threads = n_threads;
-  r.seconds = seconds;
   for (int rep = 0; rep < repeats; ++rep) {
     uint64_t total = 0;
     for (int t = 0; t < n_threads; ++t) total += sums[static_cast<size_t>(rep) * n_threads + t];
     if (rep == 0) r.checksum = total;
-    if (total != r.checksum)
-      throw std::runtime_error("read bandwidth probe: passes read different sums");
+    if (total != r.checksum) throw std::runtime_error("read bandwidth probe: passes read different sums");
   }
+  return r;
+}
+
+BandwidthResult measure_stream_bandwidth(StreamKernel kernel, size_t n_bytes, int n_threads, int repeats) {
+  check_args(n_threads, repeats);
+  const int n_arrays = kernel == StreamKernel::copy ? 2 : 3;
+  // Each array gets n_bytes / n_arrays, cut into equal float slices per thread.
+  const size_t per_thread = n_bytes / n_arrays / n_threads / 4096 * 4096;
+  if (per_thread == 0) throw std::invalid_argument("n_bytes too small for that many threads");
+  const size_t n = per_thread / sizeof(float);  // floats per thread per array
+  const size_t array_bytes = per_thread * n_threads;
+  auto buf = alloc_like_weights(array_bytes * n_arrays);
+  float* a = reinterpret_cast<float*>(buf.get());
+  float* b = reinterpret_cast<float*>(buf.get() + array_bytes);
+  float* c = reinterpret_cast<float*>(buf.get() + 2 * array_bytes);  // triad only
+  const float scale = 3.0f;
+  std::vector<uint64_t> unused;
+  BandwidthResult r;
+  r.seconds = timed_passes(
+      n_threads, repeats,
+      [&](int t) {
+        const size_t o = t * n;
+        for (size_t i = 0; i < n; ++i) {
+          a[o + i] = 0.0f;
+          b[o + i] = static_cast<float>(i % 1024);
+          if (n_arrays == 3) c[o + i] = 1.0f;
+        }
+      },
+      [&](int t) -> uint64_t {
+        const size_t o = t * n;
+        if (n_arrays == 2) {
+          for (size_t i = 0; i < n; ++i) a[o + i] = b[o + i];
+        } else {
+          for (size_t i = 0; i < n; ++i) a[o + i] = b[o + i] + scale * c[o + i];
+        }
+        return 0;
+      },
+      unused);
+  // STREAM's count: bytes read plus bytes written, the write-allocate reads not included.
+  r.n_bytes = array_bytes * n_arrays;
+  r.n_threads = n_threads;
+  // The result must be what the kernel computes, so the stores cannot be dropped.
+  const float want = n_arrays == 2 ? b[n - 1] : b[n - 1] + scale * c[n - 1];
+  if (a[n - 1] != want) throw std::runtime_error("stream bandwidth probe: wrong result");
   return r;
 }
 

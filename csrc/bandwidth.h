@@ -26,4 +26,10 @@ struct BandwidthResult {
 // Throws std::invalid_argument for n_threads < 1, repeats < 1 or an array too small.
 BandwidthResult measure_read_bandwidth(size_t n_bytes, int n_threads, int repeats);
 
+// STREAM's copy (a = b) and triad (a = b + s * c) over float arrays that together take about
+// n_bytes, each thread on its own slices, timed like the read probe. n_bytes in the result is
+// STREAM's count: bytes read plus bytes written per pass. checksum is 0.
+enum class StreamKernel { copy, triad };
+BandwidthResult measure_stream_bandwidth(StreamKernel kernel, size_t n_bytes, int n_threads, int repeats);
+
 }  // namespace pyinfer

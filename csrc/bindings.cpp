@@ -84,18 +84,34 @@ py::array_t<float> dequantize(uint32_t type, py::array_t<uint8_t, py::array::c_s
   return out;
 }
 
-py::dict read_bandwidth(size_t n_bytes, int n_threads, int repeats) {
-  BandwidthResult r;
-  {
-    py::gil_scoped_release release;
-    r = measure_read_bandwidth(n_bytes, n_threads, repeats);
-  }
+py::dict bandwidth_dict(const BandwidthResult& r) {
   py::dict out;
   out["n_bytes"] = r.n_bytes;
   out["n_threads"] = r.n_threads;
   out["seconds"] = r.seconds;
   out["checksum"] = r.checksum;
   return out;
+}
+
+py::dict read_bandwidth(size_t n_bytes, int n_threads, int repeats) {
+  BandwidthResult r;
+  {
+    py::gil_scoped_release release;
+    r = measure_read_bandwidth(n_bytes, n_threads, repeats);
+  }
+  return bandwidth_dict(r);
+}
+
+py::dict stream_bandwidth(const std::string& kernel, size_t n_bytes, int n_threads, int repeats) {
+  if (kernel != "copy" && kernel != "triad")
+    throw py::value_error("kernel must be 'copy' or 'triad', got '" + kernel + "'");
+  const StreamKernel k = kernel == "copy" ? StreamKernel::copy : StreamKernel::triad;
+  BandwidthResult r;
+  {
+    py::gil_scoped_release release;
+    r = measure_stream_bandwidth(k, n_bytes, n_threads, repeats);
+  }
+  return bandwidth_dict(r);
 }
 
 // y[M, N] = x[M, K] @ W[N, K]^T. w is any C-contiguous array holding exactly N rows of the
@@ -586,6 +602,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("read_bandwidth", &read_bandwidth, py::arg("n_bytes") = size_t(512) << 20,
         py::arg("n_threads") = 1, py::arg("repeats") = 10,
         "Time `repeats` passes reading an n_bytes array with n_threads threads.");
+  m.def("stream_bandwidth", &stream_bandwidth, py::arg("kernel"), py::arg("n_bytes") = size_t(512) << 20,
+        py::arg("n_threads") = 1, py::arg("repeats") = 10,
+        "Time `repeats` passes of STREAM's copy or triad over arrays of about n_bytes in all; "
+        "n_bytes in the result counts bytes read plus written per pass.");
   m.def("matmul", &matmul_py, py::arg("x"), py::arg("w"), py::arg("w_type"), py::arg("n"),
         py::arg("k"), py::kw_only(), py::arg("mode") = "fast", py::arg("n_threads") = 1,
         py::arg("out") = py::none(), py::arg("packed") = false,

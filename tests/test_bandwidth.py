@@ -78,3 +78,25 @@ def test_bad_arguments_raise(kwargs: dict) -> None:
     args = {"n_bytes": 1 << 20, "n_threads": 1, "repeats": 1, **kwargs}
     with pytest.raises(ValueError):
         measure_read_bandwidth(**args)
+
+
+@pytest.mark.parametrize("kernel,n_arrays", [("copy", 2), ("triad", 3)])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_stream_kernels(kernel: str, n_arrays: int, n_threads: int) -> None:
+    from pyinfer.bandwidth import measure_stream_bandwidth
+
+    r = measure_stream_bandwidth(kernel, SMALL, n_threads=n_threads, repeats=2)
+    # STREAM's count: every array once per pass, each a whole number of 4 KiB pages per thread.
+    assert r["n_bytes"] % (n_arrays * 4096 * n_threads) == 0
+    assert SMALL - n_arrays * 4096 * n_threads < r["n_bytes"] <= SMALL
+    assert len(r["gbps"]) == 2 and all(math.isfinite(g) and g > 0 for g in r["gbps"])
+    assert r["checksum"] == 0
+
+
+def test_stream_bad_arguments() -> None:
+    from pyinfer.bandwidth import measure_stream_bandwidth
+
+    with pytest.raises(ValueError, match="copy' or 'triad"):
+        measure_stream_bandwidth("scale")
+    with pytest.raises(ValueError, match="n_threads"):
+        measure_stream_bandwidth("copy", n_threads=0)

@@ -21,6 +21,10 @@ def dequantize(type: int, raw: npt.NDArray[np.uint8], n: int) -> npt.NDArray[np.
 def read_bandwidth(n_bytes: int = ..., n_threads: int = 1, repeats: int = 10) -> dict[str, Any]:
     """Time `repeats` passes reading an n_bytes array with n_threads threads."""
 
+def stream_bandwidth(kernel: str, n_bytes: int = ..., n_threads: int = 1, repeats: int = 10) -> dict[str, Any]:
+    """Time `repeats` passes of STREAM's copy or triad over arrays of about n_bytes in all;
+    n_bytes in the result counts bytes read plus written per pass."""
+
 def matmul(
     x: npt.NDArray[np.float32],
     w: npt.NDArray[Any],

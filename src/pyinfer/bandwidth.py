@@ -37,6 +37,28 @@ def measure_read_bandwidth(
     n_threads = _positive_int("n_threads", n_threads)
     repeats = _positive_int("repeats", repeats)
     r = _C.read_bandwidth(n_bytes, n_threads, repeats)
+    return _summary(r, repeats)
+
+
+def measure_stream_bandwidth(
+    kernel: str, n_bytes: int = 512 << 20, n_threads: int = 1, repeats: int = 10
+) -> dict[str, Any]:
+    """STREAM's ``copy`` (a = b) or ``triad`` (a = b + s*c) over float arrays of about
+    ``n_bytes`` in all, each thread on its own slices, timed like the read probe.
+
+    ``n_bytes`` in the result is STREAM's count of bytes moved per pass (read plus
+    written, write-allocate traffic not counted); the other keys are as in
+    ``measure_read_bandwidth`` (``checksum`` is 0).
+    """
+    if kernel not in ("copy", "triad"):
+        raise ValueError(f"kernel must be 'copy' or 'triad', got {kernel!r}")
+    n_bytes = _positive_int("n_bytes", n_bytes)
+    n_threads = _positive_int("n_threads", n_threads)
+    repeats = _positive_int("repeats", repeats)
+    return _summary(_C.stream_bandwidth(kernel, n_bytes, n_threads, repeats), repeats)
+
+
+def _summary(r: dict[str, Any], repeats: int) -> dict[str, Any]:
     seconds = [float(s) for s in r["seconds"]]
     gbps = [r["n_bytes"] / s / 1e9 if s > 0 else float("inf") for s in seconds]
     return {

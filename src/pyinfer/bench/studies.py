@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from pyinfer import _C, quants
+from pyinfer.bandwidth import measure_stream_bandwidth
 from pyinfer.bench.common import (
     GB,
     Progress,
@@ -58,11 +59,16 @@ def study_ceiling(s: Settings) -> Report:
     kernels = [("q4_1", "fast", True), ("q8_0", "fast", True), ("f32", "exact", False)]
     prog = Progress("ceiling", len(s.threads) + len(kernels))
     bw = []
+    stream: list[dict[str, Any]] = []
     for nt in s.threads:
         r = s.bandwidth(nt, repeats=3 if s.quick else 10)
         bw.append({"threads": nt, "median_gbps": r["median_gbps"], "best_gbps": r["best_gbps"],
                    "gbps_samples": r["gbps"], "n_bytes": r["n_bytes"], "isa": r["isa"]})
         prog.step(f"read bandwidth, {nt} thread(s)")
+        for kernel in ("copy", "triad"):
+            r = measure_stream_bandwidth(kernel, n_threads=nt, repeats=3 if s.quick else 10)
+            stream.append({"kernel": kernel, "threads": nt, "median_gbps": r["median_gbps"],
+                           "best_gbps": r["best_gbps"], "gbps_samples": r["gbps"], "n_bytes": r["n_bytes"]})
     # M=64 rows of activations against a 256 x 1024 weight matrix: W is 160-1024 KiB, held
     # in L2, so the kernel's arithmetic, not memory, sets the pace.
     m_rows, n, k = 64, 256, 1024
@@ -87,15 +93,18 @@ def study_ceiling(s: Settings) -> Report:
                         "arith": "int8 dot products" if mode == "fast" else "float32 FMA"})
         prog.step(f"matmul {name}")
     md = ["## Ceiling", "", "Memory read bandwidth (each thread sums its own slice with the widest loads; "
-          "copy and triad are not measured: decode only reads weights):", ""]
+          "this is the ceiling decode is compared with, since decode reads its weights):", ""]
     md += table(["threads", "median GB/s", "best GB/s", "passes", "array MiB"],
                 [[b["threads"], f"{b['median_gbps']:.1f}", f"{b['best_gbps']:.1f}", len(b["gbps_samples"]),
                   b["n_bytes"] >> 20] for b in bw])
+    md += ["", "STREAM copy and triad (bytes read plus written per pass, STREAM's count):", ""]
+    md += table(["kernel", "threads", "median GB/s", "best GB/s"],
+                [[x["kernel"], x["threads"], f"{x['median_gbps']:.1f}", f"{x['best_gbps']:.1f}"] for x in stream])
     md += ["", "One core's matmul throughput on cache-resident operands "
            f"(x[{m_rows}, {k}] @ W[{n}, {k}]^T; 2 ops per multiply-add):", ""]
     md += table(["weights", "mode", "layout", "arithmetic", "GOP/s"],
                 [[c["weights"], c["mode"], c["layout"], c["arith"], f"{c['gops']:.1f}"] for c in compute])
-    return {"study": "ceiling", "bandwidth": bw, "compute": compute}, md
+    return {"study": "ceiling", "bandwidth": bw, "stream": stream, "compute": compute}, md
 
 
 # -- decode roofline and formats ----------------------------------------------------------------
