@@ -46,6 +46,18 @@ int64_t matmul_row_bytes(uint32_t w_type, int64_t K) {
   return K / ts.block_elems * ts.block_bytes;
 }
 
+// Fast mode's activations: each row of x[M, K] quantized once to K/32 blocks, rows split
+// over the threads.
+static std::vector<block_q8a> quantize_rows(const KernelTable& kt, const float* x, int64_t M, int64_t K,
+                                     int n_threads) {
+  const int64_t nb = K / QK8_A;
+  std::vector<block_q8a> xq(static_cast<size_t>(M * nb));
+  parallel_for(n_threads, M, 8, [&](int64_t m0, int64_t m1, int) {
+    for (int64_t m = m0; m < m1; ++m) kt.quantize_act(x + m * K, xq.data() + m * nb, K);
+  });
+  return xq;
+}
+
 void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type, int64_t N,
             float* y, MatmulMode mode, int n_threads) {
   const int64_t row_bytes = matmul_row_bytes(w_type, K);
@@ -64,10 +76,7 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
   if (mode == MatmulMode::fast && kt.matmul_fast[w_type] != nullptr) {
     const MatmulFastFn fn = kt.matmul_fast[w_type];
     const int64_t nb = K / QK8_A;
-    std::vector<block_q8a> xq(static_cast<size_t>(M * nb));  // [M, K/32]
-    parallel_for(n_threads, M, 8, [&](int64_t m0, int64_t m1, int) {
-      for (int64_t m = m0; m < m1; ++m) kt.quantize_act(x + m * K, xq.data() + m * nb, K);
-    });
+    const std::vector<block_q8a> xq = quantize_rows(kt, x, M, K, n_threads);  // [M, K/32]
     parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
       for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
         const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;
@@ -194,10 +203,7 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   if (mode == MatmulMode::fast) {
     const MatmulFastFn fn = kt.matmul_fast_packed[w_type];
     const int64_t nb = K / QK8_A;
-    std::vector<block_q8a> xq(static_cast<size_t>(M * nb));  // [M, K/32]
-    parallel_for(n_threads, M, 8, [&](int64_t m0, int64_t m1, int) {
-      for (int64_t m = m0; m < m1; ++m) kt.quantize_act(x + m * K, xq.data() + m * nb, K);
-    });
+    const std::vector<block_q8a> xq = quantize_rows(kt, x, M, K, n_threads);  // [M, K/32]
     parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
       for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
         const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;

@@ -3,6 +3,7 @@ for the fast kernels), with contexts that each hold a KV cache and a position.""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import threading
@@ -217,9 +218,9 @@ class Model:
         """Memory used by the repacked copies of the weights (the rest stays mapped)."""
         return self._native.repacked_bytes
 
-    @property
+    @functools.cached_property
     def weight_bytes_per_token(self) -> int:
-        """Bytes of weights one decode step reads."""
+        """Bytes of weights one decode step reads (the file does not change: computed once)."""
         from pyinfer.info import model_info
 
         return model_info(self.reader)["weight_bytes_per_token"]

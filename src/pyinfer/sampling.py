@@ -264,19 +264,17 @@ class Sampler:
         p = self.params
         if p.greedy:
             return np.array([best], np.int32), np.ones(1)
-        c = _sampling.filter_candidates(
-            x,
-            x[best],
-            p.temperature,
-            p.top_k,
-            p.top_p,
-            p.min_p,
-            self._idx,
-            self._w,
-            self._scratch,
-        )
+        c = self._filter(x, best)
         w = self._w[:c].astype(np.float64)
         return self._idx[:c].copy(), w / w.sum()
+
+    def _filter(self, x: np.ndarray, best: int) -> int:
+        """Temperature, top-k, top-p and min-p over adjusted logits x: the surviving ids and
+        their weights land in self._idx[:c] and self._w[:c]; returns c."""
+        p = self.params
+        return _sampling.filter_candidates(
+            x, x[best], p.temperature, p.top_k, p.top_p, p.min_p, self._idx, self._w, self._scratch
+        )
 
     def sample(self, logits: np.ndarray, history: History = ()) -> int:
         """One token id from a logits row (float32, n_vocab). `history`: the token ids so
@@ -286,17 +284,7 @@ class Sampler:
         p = self.params
         if p.greedy:
             return best
-        c = _sampling.filter_candidates(
-            x,
-            x[best],
-            p.temperature,
-            p.top_k,
-            p.top_p,
-            p.min_p,
-            self._idx,
-            self._w,
-            self._scratch,
-        )
+        c = self._filter(x, best)
         if c == 1:
             return int(self._idx[0])
         return int(self._idx[_sampling.draw(self._w, c, self._rng.random())])
