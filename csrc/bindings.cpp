@@ -453,15 +453,19 @@ py::tuple quantize_activations_py(py::array x) {
   py::array_t<int8_t> q({M, K});
   py::array_t<float> d({M, K / 32});
   py::array_t<int32_t> sum({M, K / 32});
+  py::array_t<int8_t> h({M, K / 32});
+  py::array_t<int32_t> jo({M, K / 32});
   const float* xp = static_cast<const float*>(x.data());
   int8_t* qp = q.mutable_data();
   float* dp = d.mutable_data();
   int32_t* sp = sum.mutable_data();
+  int8_t* hp = h.mutable_data();
+  int32_t* jp = jo.mutable_data();
   {
     py::gil_scoped_release release;
-    quantize_activations(xp, M, K, qp, dp, sp);
+    quantize_activations(xp, M, K, qp, dp, sp, hp, jp);
   }
-  return py::make_tuple(q, d, sum);
+  return py::make_tuple(q, d, sum, h, jo);
 }
 
 // ---- the llama forward -------------------------------------------------------------------
@@ -618,7 +622,7 @@ PYBIND11_MODULE(_C, m) {
         "The inverse of repack: the n rows' blocks as stored in GGUF.");
   m.def("quantize_activations", &quantize_activations_py, py::arg("x"),
         "Fast-mode activation quantization of x[M, K]: (q int8 [M, K], d float32 [M, K/32], "
-        "sum int32 [M, K/32]).");
+        "sum int32 [M, K/32], h int8 [M, K/32], jo int32 [M, K/32]).");
   m.def("pool_size", [] { return pool_size(); },
         "Threads a kernel call can use without growing the pool (workers + the caller).");
   m.def("set_pool_size", [](int n_threads) {

@@ -229,7 +229,8 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   });
 }
 
-void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum) {
+void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum,
+                          int8_t* h, int32_t* jo) {
   if (K <= 0 || K % QK8_A != 0)
     throw std::invalid_argument("quantize_activations: K must be a positive multiple of 32");
   const int64_t nb = K / QK8_A;
@@ -237,9 +238,12 @@ void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float
   for (int64_t m = 0; m < M; ++m) {
     kernels().quantize_act(x + m * K, row.data(), K);
     for (int64_t ib = 0; ib < nb; ++ib) {
-      for (int j = 0; j < QK8_A; ++j) q[m * K + ib * QK8_A + j] = row[ib].qs[j];
-      d[m * nb + ib] = row[ib].d;
-      sum[m * nb + ib] = row[ib].sum;
+      const block_q8a& b = row[ib];
+      for (int j = 0; j < QK8_A; ++j) q[m * K + ib * QK8_A + j] = b.qs[j];
+      d[m * nb + ib] = b.d;
+      sum[m * nb + ib] = b.sum;
+      h[m * nb + ib] = static_cast<int8_t>(b.h4 >> (8 * (b.jo % 4)));
+      jo[m * nb + ib] = b.jo;
     }
   }
 }

@@ -33,7 +33,9 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
                    int64_t N, float* y, MatmulMode mode, int n_threads);
 
 // Fast mode's activation quantization (q8_act.h) of x[M, K] (K a multiple of 32), unpacked:
-// q[M, K] int8, d[M, K/32] scales, sum[M, K/32] block sums. For tests and study.
-void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum);
+// q[M, K] int8, d[M, K/32] scales, sum[M, K/32] block sums, h[M, K/32] the split blocks'
+// high parts (0 where not split), jo[M, K/32] each block's largest element. For tests and study.
+void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum,
+                          int8_t* h, int32_t* jo);
 
 }  // namespace pyinfer

@@ -34,9 +34,12 @@ MS = [1, 2, 5, 17, 64]
 @functools.cache
 def problem(w_type: int, k: int, n: int, m: int = max(MS)):
     """Random activations x[m, k], weights W[n, k] encoded as w_type (raw bytes), and W as
-    dequantized float64. Rows of x have different scales; one block is all zeros."""
+    dequantized float64. Rows of x have different scales; one block is all zeros; a few
+    channels are tens to thousands of times larger, as after RMSNorm in a real model, so many
+    blocks are split (the quantization keeps their largest element apart)."""
     rng = np.random.default_rng(1000 * k + n + w_type)
     x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, 1))).astype(np.float32)
+    x[:, 5 :: 37] *= rng.uniform(20, 3000, len(range(5, k, 37))).astype(np.float32)
     x[0, :32] = 0
     w = rng.standard_normal((n, k)).astype(np.float32)
     raw = quants.quantize(w, w_type)
@@ -53,7 +56,7 @@ def references(w_type: int, k: int, n: int):
         return exact, exact_bound, exact, exact_bound, exact_bound
     fast, mag = R.matmul_fast_parts(x, raw, w_type, n, k)
     fast_bound = 2 * (k // 32 + 16) * EPS * mag
-    _, dx, _ = R.quantize_activations(x)  # [M, K/32]
+    dx = R.quantize_activations(x)[1]  # [M, K/32]
     wabs = np.abs(wd).reshape(n, k // 32, 32).sum(axis=2)  # [N, K/32]
     act_err = 0.5 * dx.astype(np.float64) @ wabs.T
     # Expected square of the activation-rounding error, taking each rounding as uniform on
@@ -107,12 +110,27 @@ def test_quantize_activations_bit_exact(isa):
     x[2, 32:64] = np.float32(-3.5)      # amax at negative values: -127 everywhere
     x[3, 64:96] = np.arange(32, dtype=np.float32) - 16  # halfway cases of the rounding
     x[4, :] = np.float32(1e-30)         # tiny values
-    q, d, s = _C.quantize_activations(x)
-    rq, rd, rs = R.quantize_activations(x)
+    x[5, 96:128] = 0.01
+    x[5, 100] = 50.0                    # a clear outlier: split, 127 * 128 times the scale
+    x[5, 110] = 0.02                    # ... with the scale set by the second largest
+    x[6, 128:160] = 1.0
+    x[6, 140] = np.float32(2.0)         # exactly twice the rest: not split
+    x[6, 141] = np.float32(-2.0)        # equal magnitudes: the first is the largest
+    x[7, 160:192] = 1e-3
+    x[7, 170] = -1e6                    # beyond 128 * 127 levels: the largest sets amax / 128
+    q, d, s, h, jo = _C.quantize_activations(x)
+    rq, rd, rs, rh, rjo = R.quantize_activations(x)
     np.testing.assert_array_equal(q, rq)
     np.testing.assert_array_equal(d.view(np.uint32), rd.view(np.uint32))
     np.testing.assert_array_equal(s, rs)
+    np.testing.assert_array_equal(h, rh)
+    np.testing.assert_array_equal(jo, rjo)
     assert np.abs(q.astype(np.int32)).max() <= 127
+    assert (h[5, 3], jo[5, 3]) == (127, 4) and h[6, 4] == 0 and jo[6, 4] == 12 and h[7, 5] == -127
+    # The integers stand for x: each within half a step, the outlier's too.
+    a = R.activation_integers(q, h, jo)
+    xb = x.reshape(9, 10, 32).astype(np.float64)
+    assert np.all(np.abs(a * d[:, :, None] - xb) <= 0.5001 * d[:, :, None] + 1e-30)
 
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])

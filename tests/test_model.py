@@ -54,17 +54,18 @@ def llama_cpp_error(i: int) -> float:
 
 
 def test_fast_first_step_logits_near_transformers(fast):
-    # 8-bit activations move logits by a few tenths, as in llama.cpp (0.20 to 0.60 here):
-    # each prompt within 0.75, and on average no further than llama.cpp plus 0.05.
+    # llama.cpp's 8-bit activations move these logits by 0.20 to 0.60 (its spread, per the
+    # reference README). Each prompt stays within that spread, and on average well inside
+    # llama.cpp's error: split activation blocks (q8_act.h) remove most of it.
     ours = [first_step_error(fast, c) for c in HF]
     theirs = [llama_cpp_error(i) for i in range(len(HF))]
-    assert max(ours) <= 0.75, ours
-    assert np.mean(ours) <= np.mean(theirs) + 0.05, (ours, theirs)
+    assert max(ours) <= 0.6, ours
+    assert np.mean(ours) <= 0.75 * np.mean(theirs), (ours, theirs)
 
 
 def test_fast_perplexity_near_transformers(fast):
     ppl = fast.perplexity((REF / "ppl_text.txt").read_text(), window=512)
-    assert abs(ppl / HF_PPL - 1) <= 1e-2, ppl
+    assert abs(ppl / HF_PPL - 1) <= 5e-3, ppl
 
 
 @pytest.mark.parametrize("precision", ["exact", "fast"])

@@ -5,20 +5,44 @@
 namespace pyinfer {
 
 constexpr int QK8_A = 32;
-// 32 activations as int8 with a float32 scale and their integer sum. The sum lets a weight
-// block with an offset fold it in without touching the quants: for Q4_1,
+
+// 32 activations as integers a_j at one float32 scale d, with their integer sum. The sum lets a
+// weight block with an offset fold it in without touching the quants: for Q4_1,
 // sum_j (d_w*q_j + m_w) * d*a_j = d_w*d * sum_j q_j*a_j + m_w * (d * sum), and for Q4_0 and
 // Q8_0 (stored as q+8 and q+128 unsigned for the u8 x s8 dot instructions) the offset times
 // sum is an exact integer correction.
 //
-// Quantization (every path, bit for bit, and pyinfer.reference): amax = max |x_j|;
-// d = amax / 127; id = amax != 0 ? 127 / amax : 0; a_j = round_half_even(x_j * id), which
-// lies in [-127, 127]; sum = sum_j a_j. Non-finite activations are not supported.
+// The block's largest element (in magnitude; the first of equals), at index jo, does not set
+// the scale: activations after RMSNorm carry a few channels tens of times larger than the
+// rest, the same channels token after token, and a scale set by one of them would leave its 31
+// neighbours one or two int8 levels. The scale comes from the others (or from the largest
+// over 128 if that is larger), and the largest takes a_jo = 128 * h + l, l in [-64, 63]
+// stored in qs[jo] with the others, h in [-127, 127] apart; a dot product adds
+// 128 * h * q_w[jo] to the int8 one, exactly.
+//
+// Quantization (every path, bit for bit, and pyinfer.reference): m1 = max |x_j|, jo its
+// first index, m2 = max over j != jo; amax = max(m2, m1 / 128); d = amax / 127;
+// id = amax != 0 ? 127 / amax : 0; a_j = round_half_even(x_j * id), which lies in
+// [-127, 127] for j != jo and in [-16256, 16256] for jo; sum = sum_j a_j. Non-finite
+// activations are not supported.
 struct block_q8a {
   float d;
   int32_t sum;
-  int8_t qs[QK8_A];
+  int8_t qs[QK8_A];  // a_j, and l at jo
+  int32_t h4;        // h in byte jo % 4, zero elsewhere: the broadcast operand of one dot step
+  int32_t jo;
 };
-static_assert(sizeof(block_q8a) == 40, "q8a block size");
+static_assert(sizeof(block_q8a) == 48, "q8a block size");
+
+// Splits a_jo into l (returned) and h.
+static inline int act_split(int a, int* h) {
+  const int l = ((a + 64) & 127) - 64;
+  *h = (a - l) / 128;
+  return l;
+}
+
+static inline int32_t act_h4(int h, int jo) {
+  return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint8_t>(h)) << (8 * (jo % 4)));
+}
 
 }  // namespace pyinfer

@@ -54,9 +54,13 @@ def unpack(packed: npt.NDArray[np.uint8], w_type: int, n: int, k: int) -> npt.ND
 
 def quantize_activations(
     x: npt.NDArray[np.float32],
-) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32], npt.NDArray[np.int32]]:
-    """Fast-mode activation quantization of x[M, K] (K a multiple of 32): per 32-block
-    q = round_half_even(x * 127 / amax), d = amax / 127 and the block sum of q."""
+) -> tuple[
+    npt.NDArray[np.int8], npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.int8], npt.NDArray[np.int32]
+]:
+    """Fast-mode activation quantization of x[M, K] (K a multiple of 32): per 32-block the int8
+    quants q, the scale d, the sum of the block's integers, and (h, jo): a block whose largest
+    element is over twice the next keeps it as 128 * h + q[jo] (h = 0 otherwise); see
+    pyinfer.reference.quantize_activations."""
 
 def pool_size() -> int:
     """Threads a kernel call can use without growing the pool (workers + the caller)."""

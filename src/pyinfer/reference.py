@@ -141,19 +141,46 @@ def matmul_exact(x: np.ndarray, w_raw: np.ndarray, w_type: int, n: int, k: int) 
     return np.asarray(x, dtype=np.float64) @ w.astype(np.float64).T
 
 
-def quantize_activations(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x[M, K] float32 -> (q int8 [M, K], d float32 [M, K/32], sum int32 [M, K/32]), bit for bit
-    as the C++ fast mode (csrc/kernels/q8_act.h): per 32-block amax = max|x|, d = amax / 127,
-    q = round_half_even(x * (127 / amax)), all in float32."""
+def quantize_activations(
+    x: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """x[M, K] float32 -> (q int8 [M, K], d float32 [M, K/32], sum int32 [M, K/32],
+    h int8 [M, K/32], jo int32 [M, K/32]), bit for bit as the C++ fast mode
+    (csrc/kernels/q8_act.h). Per 32-block, all in float32: m1 = max |x|, jo its first index,
+    m2 = the max over the others; when m1 > 2 * m2 the block is split: amax = max(m2, m1 / 128)
+    and the largest element's integer a = 128 * h + l (l in [-64, 63], stored in q at jo);
+    otherwise amax = m1 and h = 0. d = amax / 127, a = round_half_even(x * (127 / amax)),
+    sum = sum of the integers a. `activation_integers` gives the a's whole."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     m, k = x.shape
     xb = x.reshape(m, k // _QK, _QK)
-    amax = np.abs(xb).max(axis=2)
+    ab = np.abs(xb)
+    jo = ab.argmax(axis=2)
+    m1 = np.take_along_axis(ab, jo[:, :, None], axis=2)[:, :, 0]
+    rest = ab.copy()
+    np.put_along_axis(rest, jo[:, :, None], np.float32(0), axis=2)
+    m2 = rest.max(axis=2)
+    split = m1 > np.float32(2) * m2
+    amax = np.where(split, np.maximum(m2, m1 / np.float32(128)), m1).astype(np.float32)
     d = amax / np.float32(127)
     with np.errstate(divide="ignore"):
         inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.rint(xb * inv[:, :, None]).astype(np.int8)
-    return q.reshape(m, k), d, q.astype(np.int32).sum(axis=2, dtype=np.int32)
+    a = np.rint(xb * inv[:, :, None]).astype(np.int32)  # every |a| <= 127 but a split block's largest
+    total = a.sum(axis=2, dtype=np.int32)
+    big = np.take_along_axis(a, jo[:, :, None], axis=2)[:, :, 0]
+    low = np.where(split, ((big + 64) & 127) - 64, big)
+    h = np.where(split, (big - low) // 128, 0).astype(np.int8)
+    np.put_along_axis(a, jo[:, :, None], low[:, :, None], axis=2)
+    return a.astype(np.int8).reshape(m, k), d, total, h, jo.astype(np.int32)
+
+
+def activation_integers(q: np.ndarray, h: np.ndarray, jo: np.ndarray) -> np.ndarray:
+    """The integers a [M, K/32, 32] (int64) that quantize_activations' parts stand for."""
+    m, k = q.shape
+    a = q.reshape(m, k // _QK, _QK).astype(np.int64)
+    at = np.take_along_axis(a, jo[:, :, None].astype(np.int64), axis=2)
+    np.put_along_axis(a, jo[:, :, None].astype(np.int64), at + 128 * h[:, :, None].astype(np.int64), axis=2)
+    return a
 
 
 def _weight_blocks(w_raw: np.ndarray, w_type: int, n: int, k: int):
@@ -184,7 +211,7 @@ def matmul_fast_parts(
     """Fast mode for Q8_0, Q4_0, Q4_1 weights: (y, magnitude), both float64 [M, N].
 
     Activations are quantized as quantize_activations does; each 32-block's dot product
-    isum = sum_j q_w[j] * q_x[j] is exact in integers, and
+    isum = sum_j q_w[j] * a_j is exact in integers, and
     y = sum_b (d_w * d_x) * isum  +  sum_b m_w * (d_x * sum_x)   (the second for Q4_1 only)
     with d_w * d_x, d_x * sum_x and m_w * (...) rounded to float32 as the C++ does, the sums
     exact. `magnitude` = sum_b |d_w * d_x| * sum_j (|q_w[j]| + 2 * off) * |q_x[j]|
@@ -193,10 +220,9 @@ def matmul_fast_parts(
     sums of stored quants plus an offset correction, can get wrong: a multiple of
     eps * magnitude.
     """
-    qx, dx, sx = quantize_activations(x)
+    qx, dx, sx, hx, jx = quantize_activations(x)
     qw, dw, mw = _weight_blocks(w_raw, w_type, n, k)
-    mrows, nb = qx.shape[0], k // _QK
-    qx = qx.reshape(mrows, nb, _QK).astype(np.int64)
+    qx = activation_integers(qx, hx, jx)  # [M, nb, 32]
     isum = np.einsum("mbj,nbj->mnb", qx, qw)  # [M, N, nb], exact
     off = 8 if w_type == 2 else 0
     iabs = np.einsum("mbj,nbj->mnb", np.abs(qx), np.abs(qw) + 2 * off)

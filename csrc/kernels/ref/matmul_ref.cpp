@@ -19,19 +19,34 @@ namespace {
 
 void quantize_act_ref(const float* x, block_q8a* dst, int64_t k) {
   for (int64_t ib = 0; ib < k / QK8_A; ++ib, x += QK8_A) {
-    float amax = 0.0f;
-    for (int j = 0; j < QK8_A; ++j) amax = std::fmax(amax, std::fabs(x[j]));
+    int jo = 0;
+    for (int j = 1; j < QK8_A; ++j)
+      if (std::fabs(x[j]) > std::fabs(x[jo])) jo = j;
+    float m2 = 0.0f;
+    for (int j = 0; j < QK8_A; ++j)
+      if (j != jo) m2 = std::fmax(m2, std::fabs(x[j]));
+    const float m1 = std::fabs(x[jo]);
+    const bool split = m1 > 2.0f * m2;  // a clear outlier: the others set the scale
+    const float amax = split ? std::fmax(m2, m1 / 128.0f) : m1;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
+    int h = 0;
     for (int j = 0; j < QK8_A; ++j) {
       // Round half to even, as the SIMD conversions do in the default rounding mode.
       const int q = static_cast<int>(std::nearbyint(x[j] * id));
-      dst[ib].qs[j] = static_cast<int8_t>(q);
+      dst[ib].qs[j] = static_cast<int8_t>(j == jo && split ? act_split(q, &h) : q);
       sum += q;
     }
     dst[ib].d = amax / 127.0f;
     dst[ib].sum = sum;
+    dst[ib].h4 = act_h4(h, jo);
+    dst[ib].jo = jo;
   }
+}
+
+// The activation block's integers a_j (a_jo whole).
+inline int act_at(const block_q8a& b, int j) {
+  return j == b.jo ? b.qs[j] + 128 * static_cast<int8_t>(b.h4 >> (8 * (j % 4))) : b.qs[j];
 }
 
 // ---- exact mode: float weights ---------------------------------------------------------
@@ -76,7 +91,7 @@ void matmul_q8_0_q8_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq,
       float acc = 0.0f;
       for (int64_t ib = 0; ib < nb; ++ib) {
         int32_t isum = 0;
-        for (int j = 0; j < QK8_0; ++j) isum += wb[ib].qs[j] * xb[ib].qs[j];
+        for (int j = 0; j < QK8_0; ++j) isum += wb[ib].qs[j] * act_at(xb[ib], j);
         acc += (fp16_to_f32(load_u16_le(&wb[ib].d)) * xb[ib].d) * static_cast<float>(isum);
       }
       y[m * ldy + n] = acc;
@@ -95,8 +110,8 @@ void matmul_q4_0_q8_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq,
       for (int64_t ib = 0; ib < nb; ++ib) {
         int32_t isum = 0;
         for (int j = 0; j < QK4_0 / 2; ++j) {
-          isum += ((wb[ib].qs[j] & 0x0f) - 8) * xb[ib].qs[j];
-          isum += ((wb[ib].qs[j] >> 4) - 8) * xb[ib].qs[j + QK4_0 / 2];
+          isum += ((wb[ib].qs[j] & 0x0f) - 8) * act_at(xb[ib], j);
+          isum += ((wb[ib].qs[j] >> 4) - 8) * act_at(xb[ib], j + QK4_0 / 2);
         }
         acc += (fp16_to_f32(load_u16_le(&wb[ib].d)) * xb[ib].d) * static_cast<float>(isum);
       }
@@ -116,8 +131,8 @@ void matmul_q4_1_q8_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq,
       for (int64_t ib = 0; ib < nb; ++ib) {
         int32_t isum = 0;
         for (int j = 0; j < QK4_1 / 2; ++j) {
-          isum += (wb[ib].qs[j] & 0x0f) * xb[ib].qs[j];
-          isum += (wb[ib].qs[j] >> 4) * xb[ib].qs[j + QK4_1 / 2];
+          isum += (wb[ib].qs[j] & 0x0f) * act_at(xb[ib], j);
+          isum += (wb[ib].qs[j] >> 4) * act_at(xb[ib], j + QK4_1 / 2);
         }
         acc += (fp16_to_f32(load_u16_le(&wb[ib].d)) * xb[ib].d) * static_cast<float>(isum);
         acc_min += fp16_to_f32(load_u16_le(&wb[ib].m)) * (xb[ib].d * static_cast<float>(xb[ib].sum));
@@ -148,11 +163,11 @@ inline void fast_packed_ref(uint32_t type, const void* w, int64_t w_row_bytes, c
         for (int j = 0; j < nq; ++j) {
           const uint8_t q = gb[packed_quant_byte(type, r, j)];
           if (type == GGML_Q8_0) {
-            isum += (q - 128) * xb[ib].qs[j];
+            isum += (q - 128) * act_at(xb[ib], j);
           } else {
             const int off = type == GGML_Q4_0 ? 8 : 0;
-            isum += ((q & 0x0f) - off) * xb[ib].qs[j];
-            isum += ((q >> 4) - off) * xb[ib].qs[j + 16];
+            isum += ((q & 0x0f) - off) * act_at(xb[ib], j);
+            isum += ((q >> 4) - off) * act_at(xb[ib], j + 16);
           }
         }
         acc += (fp16_to_f32(load_u16_le(gb + 2 * r)) * xb[ib].d) * static_cast<float>(isum);

@@ -7,6 +7,8 @@
 // in, so results do not depend on how rows are split across threads.
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "dispatch.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
@@ -31,37 +33,57 @@ PYINFER_INLINE int32_t hsum8_epi32(__m256i v) {
 }
 
 PYINFER_INLINE float f16_scale(const uint8_t* p) { return _cvtsh_ss(load_u16_le(p)); }
+PYINFER_INLINE float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
 
 // ---- activation quantization (bit for bit as quantize_act_ref) ---------------------------
 
 void quantize_act_avx2(const float* x, block_q8a* dst, int64_t k) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   for (int64_t ib = 0; ib < k / QK8_A; ++ib, x += QK8_A) {
-    __m256 v[4];
-    for (int i = 0; i < 4; ++i) v[i] = _mm256_loadu_ps(x + 8 * i);
-    __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
-                              _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    __m256 v[4], a[4];
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(x + 8 * i);
+      a[i] = _mm256_andnot_ps(sign, v[i]);
+    }
+    const float m1 = hmax8(_mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3])));
+    const __m256 m = _mm256_set1_ps(m1);
+    uint32_t hit = 0;
+    for (int i = 0; i < 4; ++i)
+      hit |= static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(a[i], m, _CMP_EQ_OQ))) << (8 * i);
+    const int jo = hit != 0 ? __builtin_ctz(hit) : 0;
+    __m256 rest[4];  // |x| with jo's lane zeroed
+    for (int i = 0; i < 4; ++i)
+      rest[i] = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(lane, _mm256_set1_epi32(jo - 8 * i))), a[i]);
+    const float m2 = hmax8(_mm256_max_ps(_mm256_max_ps(rest[0], rest[1]), _mm256_max_ps(rest[2], rest[3])));
+    const bool split = m1 > 2.0f * m2;
+    const float amax = split ? (m2 > m1 / 128.0f ? m2 : m1 / 128.0f) : m1;
+    const float idf = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m256 id = _mm256_set1_ps(idf);
     __m256i q[4];
     // cvtps rounds half to even in the default rounding mode, like nearbyint.
     for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], id));
     const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    // The packs work within 128-bit lanes; the permute restores element order.
+    // The packs work within 128-bit lanes; the permute restores element order. The largest
+    // element saturates here when split; its l is written below.
     const __m256i p16a = _mm256_packs_epi32(q[0], q[1]);
     const __m256i p16b = _mm256_packs_epi32(q[2], q[3]);
     const __m256i p8 = _mm256_packs_epi16(p16a, p16b);
     const __m256i ordered = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[ib].qs), ordered);
+    int h = 0;
+    if (split) dst[ib].qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
     dst[ib].d = amax / 127.0f;
     dst[ib].sum = hsum8_epi32(s);
+    dst[ib].h4 = act_h4(h, jo);
+    dst[ib].jo = jo;
   }
 }
-
-// ---- exact mode: float weights -----------------------------------------------------------
 
 // 8 weights of a row from element k, as float32. type: GGML_F32, GGML_F16 or GGML_BF16.
 PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
@@ -126,12 +148,27 @@ PYINFER_INLINE int block_bytes(int type) {
 // partial sums. maddubs multiplies unsigned by signed bytes and saturates pairs to int16:
 // nibbles (0..15) x int8 cannot saturate; Q8_0 takes |w| (<= 128) x sign(w)*a (|.| <= 127),
 // whose pairs stay within 32512.
+// Adds 128 * h * q_w[jo] (a split block's largest activation, see q8_act.h) into lane 0, with
+// q_w as the dot product above takes it: Q8_0 signed, Q4 the stored nibble.
+PYINFER_INLINE __m256i add_split(int type, __m256i p, const uint8_t* blk, const block_q8a* xb) {
+  if (xb->h4 == 0) return p;
+  const int jo = xb->jo, h = static_cast<int8_t>(xb->h4 >> (8 * (jo % 4)));
+  int q;
+  if (type == GGML_Q8_0) {
+    q = static_cast<int8_t>(blk[2 + jo]);
+  } else {
+    const uint8_t b = blk[(type == GGML_Q4_1 ? 4 : 2) + jo % 16];
+    q = jo < 16 ? (b & 0x0f) : (b >> 4);
+  }
+  return _mm256_add_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(128 * h * q)));
+}
+
 PYINFER_INLINE __m256i block_dot(int type, const uint8_t* blk, const block_q8a* xb) {
   const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
   const __m256i ones = _mm256_set1_epi16(1);
   if (type == GGML_Q8_0) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)), ones);
+    return add_split(type, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)), ones), blk, xb);
   }
   const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (type == GGML_Q4_1 ? 4 : 2)));
   // Low nibbles are elements 0..15, high nibbles 16..31.
@@ -140,7 +177,7 @@ PYINFER_INLINE __m256i block_dot(int type, const uint8_t* blk, const block_q8a* 
   __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, a), ones);
   // Q4_0 stores q + 8: subtract 8 * sum(a), exactly, in one lane.
   if (type == GGML_Q4_0) p = _mm256_add_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * xb->sum)));
-  return p;
+  return add_split(type, p, blk, xb);
 }
 
 // NR rows of W against one activation row. Per element: acc += float(partials) * (d_w*d_x)
@@ -211,6 +248,26 @@ PYINFER_INLINE __m256i act4(const block_q8a* xb, int c) {
 // q + 8 comes off as 8 * sum(a). Q8_0 stores q + 128, whose products by int8 would saturate
 // maddubs' pairs: with q = stored ^ 0x80, |q| (<= 128) times sign(q)*a (|.| <= 127) keeps
 // pairs within 32512, widened per column.
+// Adds 128 * h * q_w[jo] for a split block (q8_act.h) to 8 rows' sums: one more dot step on
+// jo's quant column with h in jo's byte only (|q| * sign-carrying h for Q8_0, as above).
+PYINFER_INLINE __m256i add_split8(int type, __m256i isum, const uint8_t* gb, int half, const block_q8a* xb) {
+  if (xb->h4 == 0) return isum;
+  const int jo = xb->jo;
+  const int qo = packed_quants_offset(type);
+  const __m256i hb = _mm256_set1_epi32(xb->h4);
+  __m256i p;
+  if (type == GGML_Q8_0) {
+    const __m256i st = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * (jo / 4) + 32 * half));
+    const __m256i q = _mm256_xor_si256(st, _mm256_set1_epi8(static_cast<char>(0x80)));
+    p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(hb, q));
+  } else {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * ((jo % 16) / 4) + 32 * half));
+    const __m256i nib = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(jo >= 16 ? 4 : 0)), _mm256_set1_epi8(0x0f));
+    p = _mm256_maddubs_epi16(nib, hb);
+  }
+  return _mm256_add_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), 7));
+}
+
 PYINFER_INLINE __m256i packed_dot8(int type, const uint8_t* gb, int h, const block_q8a* xb) {
   const int qo = packed_quants_offset(type);
   const __m256i ones = _mm256_set1_epi16(1);
@@ -222,7 +279,7 @@ PYINFER_INLINE __m256i packed_dot8(int type, const uint8_t* gb, int h, const blo
       const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(act4(xb, c), q));
       isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
     }
-    return isum;
+    return add_split8(type, isum, gb, h, xb);
   }
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   __m256i s16 = _mm256_setzero_si256();
@@ -233,7 +290,7 @@ PYINFER_INLINE __m256i packed_dot8(int type, const uint8_t* gb, int h, const blo
   }
   __m256i isum = _mm256_madd_epi16(s16, ones);
   if (type == GGML_Q4_0) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-8 * xb->sum));
-  return isum;
+  return add_split8(type, isum, gb, h, xb);
 }
 
 // 16 rows of W (one group, n_valid of them real) against MT activation rows.

@@ -7,6 +7,8 @@
 // in, so results do not depend on how rows are split across threads.
 #include <immintrin.h>
 
+#include <cmath>
+
 #include "dispatch.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
@@ -31,23 +33,35 @@ PYINFER_INLINE float f16_scale(const uint8_t* p) { return _cvtsh_ss(load_u16_le(
 
 // ---- activation quantization (bit for bit as quantize_act_ref) ---------------------------
 
+PYINFER_INLINE float max32(__m512 a0, __m512 a1) { return _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)); }
+
 void quantize_act_avx512(const float* x, block_q8a* dst, int64_t k) {
   for (int64_t ib = 0; ib < k / QK8_A; ++ib, x += QK8_A) {
     const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-    const __m512 mx = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
-    __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(mx), _mm512_extractf32x8_ps(mx, 1));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-    const __m512 id = _mm512_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
+    const float m1 = max32(a0, a1);
+    const __m512 m = _mm512_set1_ps(m1);
+    const uint32_t hit = static_cast<uint32_t>(_mm512_cmp_ps_mask(a0, m, _CMP_EQ_OQ)) |
+                         static_cast<uint32_t>(_mm512_cmp_ps_mask(a1, m, _CMP_EQ_OQ)) << 16;
+    const int jo = hit != 0 ? __builtin_ctz(hit) : 0;
+    const uint32_t rest = ~(1u << jo);  // every element but jo
+    const float m2 = max32(_mm512_maskz_mov_ps(static_cast<__mmask16>(rest), a0),
+                           _mm512_maskz_mov_ps(static_cast<__mmask16>(rest >> 16), a1));
+    const bool split = m1 > 2.0f * m2;  // a clear outlier: the others set the scale
+    const float amax = split ? (m2 > m1 / 128.0f ? m2 : m1 / 128.0f) : m1;
+    const float idf = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const __m512 id = _mm512_set1_ps(idf);
     // cvtps rounds half to even in the default rounding mode, like nearbyint.
     const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
     const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+    dst[ib].sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[ib].qs), _mm512_cvtepi32_epi8(q0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[ib].qs + 16), _mm512_cvtepi32_epi8(q1));
+    int h = 0;
+    if (split) dst[ib].qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
     dst[ib].d = amax / 127.0f;
-    dst[ib].sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    dst[ib].h4 = act_h4(h, jo);
+    dst[ib].jo = jo;
   }
 }
 
@@ -83,6 +97,13 @@ PYINFER_INLINE __m256i act_init(int type, const block_q8a* xb) {
   return _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * xb->sum));
 }
 
+// Quant j of a block as stored, as the dot products above see it: Q8_0 signed, Q4 the nibble.
+PYINFER_INLINE int block_quant(int type, const uint8_t* blk, int j) {
+  if (type == GGML_Q8_0) return static_cast<int8_t>(blk[2 + j]);
+  const uint8_t b = blk[(type == GGML_Q4_1 ? 4 : 2) + j % 16];
+  return j < 16 ? (b & 0x0f) : (b >> 4);
+}
+
 // NR rows of W against MT activation rows. Per element: acc += float(partials) * (d_w*d_x)
 // over the blocks, then a horizontal sum; Q4_1 adds sum_b m_w * (d_x * sum_x) at the end.
 PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_t rb,
@@ -110,7 +131,13 @@ PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_
       const __m256i init = act_init(type, xb);
       const float s = xb->d * static_cast<float>(xb->sum);
       for (int r = 0; r < NR; ++r) {
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(init, wq[r], act_q(type, a, wraw[r])));
+        __m256i init_r = init;
+        if (xb->h4 != 0) {  // a split block: 128 * h * q_w[jo] into lane 0
+          const int h = static_cast<int8_t>(xb->h4 >> (8 * (xb->jo % 4)));
+          init_r = _mm256_add_epi32(init, _mm256_zextsi128_si256(_mm_cvtsi32_si128(
+                                              128 * h * block_quant(type, w + r * rb + ib * bb, xb->jo))));
+        }
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(init_r, wq[r], act_q(type, a, wraw[r])));
         acc[r][c] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[r] * xb->d), acc[r][c]);
         if (type == GGML_Q4_1) acc_min[r][c] += wm[r] * s;
       }
@@ -161,6 +188,17 @@ PYINFER_INLINE __m512i act4(const block_q8a* xb, int c) {
   return _mm512_set1_epi32(v);
 }
 
+// 128 * h * q_w[jo] of a split activation block (q8_act.h) for the 16 rows: one more dot step
+// on jo's quant column, with h in jo's byte only. Q8_0's stored q + 128 comes off with the
+// rest through the block sum, which counts a_jo whole.
+PYINFER_INLINE __m512i split_dot(int type, const uint8_t* gb, const block_q8a* xb) {
+  const int jo = xb->jo;
+  __m512i col = _mm512_loadu_si512(gb + packed_quants_offset(type) + 64 * (type == GGML_Q8_0 ? jo / 4 : jo % 16 / 4));
+  if (type != GGML_Q8_0)  // the high nibbles hold elements 16..31
+    col = _mm512_and_si512(_mm512_srl_epi16(col, _mm_cvtsi32_si128(jo >= 16 ? 4 : 0)), _mm512_set1_epi8(0x0f));
+  return _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), col, _mm512_set1_epi32(xb->h4)), 7);
+}
+
 // 16 rows of W (one group, n_valid of them real) against MT activation rows.
 PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb,
                                 float* y, int64_t ldy, int n_valid) {
@@ -191,6 +229,7 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
       const int off = type == GGML_Q8_0 ? 128 : type == GGML_Q4_0 ? 8 : 0;
       __m512i isum = _mm512_set1_epi32(-off * xb->sum);
       for (int g = 0; g < 8; ++g) isum = _mm512_dpbusd_epi32(isum, wq[g], act4(xb, g));
+      if (xb->h4 != 0) isum = _mm512_add_epi32(isum, split_dot(type, gb, xb));
       const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
       acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum)));
       if (type == GGML_Q4_1)
