@@ -365,14 +365,21 @@ void kv_append_py(KVCache& c, int64_t layer, py::array k, py::array v, int64_t p
   c.append(layer, kp, width, vp, width, pos, m);
 }
 
-// A read-only view [n_head_kv, n_ctx, head_dim] of one layer's K or V that keeps the cache alive.
+// One layer's K or V as a read-only [n_head_kv, n_ctx, head_dim] array: values are a view that
+// keeps the cache alive; keys, stored in position blocks, are copied out in position order.
 py::array kv_view(py::object self, int64_t layer, bool values) {
   const KVCache& c = self.cast<const KVCache&>();
   (void)c.n_pos(layer);  // checks the layer
-  const void* p = values ? c.v(layer, 0) : c.k(layer, 0);
   const auto es = static_cast<py::ssize_t>(c.elem_size());
-  py::array a(kv_dtype(c.type()), {c.n_head_kv(), c.n_ctx(), c.head_dim()},
-              {c.n_ctx() * c.head_dim() * es, c.head_dim() * es, es}, p, self);
+  const std::vector<py::ssize_t> shape{c.n_head_kv(), c.n_ctx(), c.head_dim()};
+  py::array a;
+  if (values) {
+    a = py::array(kv_dtype(c.type()), shape, {c.n_ctx() * c.head_dim() * es, c.head_dim() * es, es},
+                  c.v(layer, 0), self);
+  } else {
+    a = py::array(kv_dtype(c.type()), shape);
+    c.copy_keys(layer, a.mutable_data());
+  }
   a.attr("setflags")(py::arg("write") = false);
   return a;
 }
@@ -659,7 +666,9 @@ PYBIND11_MODULE(_C, m) {
         "Rows `ids` of a table of dim-element rows of a GGUF type id (raw bytes as stored, e.g. "
         "Q8_0, F16, F32), as float32 [len(ids), dim].");
   py::class_<KVCache>(m, "KVCache",
-                      "Per-sequence K/V cache, float32 or float16, stored [n_layer][n_head_kv][n_ctx][head_dim].")
+                      "Per-sequence K/V cache, float32 or float16: V stored "
+                      "[n_layer][n_head_kv][n_ctx][head_dim], K in blocks of 16 positions, "
+                      "[head_dim][16] each once complete.")
       .def(py::init([](int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, py::object dtype) {
              return new KVCache(n_layer, n_head_kv, head_dim, n_ctx, parse_kv_dtype(dtype));
            }),
@@ -669,7 +678,7 @@ PYBIND11_MODULE(_C, m) {
            "Write K (already rotated) and V, float32 [M, n_head_kv * head_dim], at positions pos..pos+M-1; "
            "pos must be <= n_pos(layer) and pos + M <= n_ctx.")
       .def("keys", [](py::object self, int64_t layer) { return kv_view(self, layer, false); }, py::arg("layer"),
-           "Read-only view [n_head_kv, n_ctx, head_dim] of one layer's keys.")
+           "Read-only copy [n_head_kv, n_ctx, head_dim] of one layer's keys, in position order.")
       .def("values", [](py::object self, int64_t layer) { return kv_view(self, layer, true); },
            py::arg("layer"),
            "Read-only view [n_head_kv, n_ctx, head_dim] of one layer's values.")

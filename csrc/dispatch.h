@@ -35,11 +35,43 @@ using AddFn = void (*)(const float* a, const float* b, float* out, int64_t n);
 using SoftmaxFn = void (*)(const float* x, float* out, int64_t n);
 // dst[n] = fp16 of src[n], rounded to nearest even.
 using F32ToF16Fn = void (*)(const float* src, fp16_t* dst, int64_t n);
-// One query row of one head against n_kv cached positions (element type by table slot):
-// out[head_dim] = softmax(scale * K q) V, with K, V [n_kv][head_dim] contiguous and
-// scores [n_kv] scratch. n_kv >= 1.
-using AttnRowFn = void (*)(const float* q, const void* k, const void* v, int64_t n_kv,
-                           int64_t head_dim, float scale, float* scores, float* out);
+// Keys are cached in blocks of kKeyBlock positions, each block [head_dim][kKeyBlock] (see
+// KVCache), so the score of one query against a block is head_dim broadcast-multiply-adds of
+// whole vectors, with no horizontal sums.
+constexpr int64_t kKeyBlock = 16;
+// One tile of causal attention: n_rows consecutive query positions last, last + 1, ..., each
+// with n_heads query heads that share one KV head. Row r sees cached positions first(r)..last + r,
+// first(r) = max(0, last + r + 1 - window) when window > 0, else 0; each of its heads gets
+// out = softmax(scale * K q) V over them.
+struct AttnTile {
+  const float* q;      // query (row r, head h) at q + r * q_stride + h * head_dim
+  int64_t q_stride;
+  float* out;          // the same layout, out_stride
+  int64_t out_stride;
+  int64_t n_rows, n_heads;
+  int64_t last, window;
+  // Keys in blocks [head_dim][kKeyBlock], block b at k + b * head_dim * kKeyBlock elements,
+  // read for the blocks before that of the tile's last position; k_last: that block in the
+  // same layout (positions after the tile's last in it may hold anything). Values
+  // [n_pos][head_dim]. Element type by table slot.
+  const void* k;
+  const void* k_last;
+  const void* v;
+  int64_t head_dim;
+  float scale;
+  float* scores;  // scratch: n_rows * n_heads * attn_span(first(0), last + n_rows - 1) floats
+};
+// Each query's result depends on that query's inputs only, never on which rows and heads
+// share its tile, so any tiling gives the same bits.
+using AttnFn = void (*)(const AttnTile& tile);
+// Scores one query of a tile keeps: from the start of first's key block to the end of last's.
+inline int64_t attn_span(int64_t first, int64_t last) {
+  return (last / kKeyBlock - first / kKeyBlock + 1) * kKeyBlock;
+}
+// First position row r of a tile sees.
+inline int64_t attn_first(const AttnTile& t, int64_t r) {
+  return t.window > 0 && t.last + r + 1 > t.window ? t.last + r + 1 - t.window : 0;
+}
 constexpr int64_t kRopeMaxDim = 1024;
 enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_TYPE_SLOTS = 2 };
 
@@ -65,7 +97,7 @@ struct KernelTable {
   AddFn add_f32;
   SoftmaxFn softmax_f32;
   F32ToF16Fn f32_to_f16;
-  AttnRowFn attn_row[KV_TYPE_SLOTS];  // by KvType
+  AttnFn attention[KV_TYPE_SLOTS];  // by KvType
   // Matmul (matmul.cpp drives them). A type without an exact kernel is dequantized a few
   // rows at a time and multiplied by matmul_exact[GGML_F32].
   MatmulExactFn matmul_exact[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel

@@ -1,5 +1,5 @@
 // kv_cache.cpp: the KV cache's storage and append, and the attention driver over the
-// per-ISA row kernels (portable code: compiled with no ISA flags).
+// per-ISA attention kernels (portable code: compiled with no ISA flags).
 #include "kv_cache.h"
 
 #include <cmath>
@@ -24,6 +24,44 @@ uint8_t* zeroed(size_t n) {
   return static_cast<uint8_t*>(p);
 }
 
+// Offset, in elements, of element d of position p's key in its (layer, head) region: in
+// block p / kKeyBlock, at (d, p % kKeyBlock) when the block is complete, or row-major at
+// (p % kKeyBlock, d) while it is the partial one.
+inline int64_t key_at(int64_t p, int64_t d, int64_t hd, bool row_major) {
+  const int64_t block = p / kKeyBlock * hd * kKeyBlock, r = p % kKeyBlock;
+  return block + (row_major ? r * hd + d : d * kKeyBlock + r);
+}
+
+// Moves the first n positions of one key block [kKeyBlock * hd] to the other layout.
+template <typename T>
+void relayout_keys(T* block, int64_t n, int64_t hd, bool to_row_major) {
+  const std::vector<T> was(block, block + hd * kKeyBlock);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t d = 0; d < hd; ++d) {
+      if (to_row_major)
+        block[r * hd + d] = was[static_cast<size_t>(d * kKeyBlock + r)];
+      else
+        block[d * kKeyBlock + r] = was[static_cast<size_t>(r * hd + d)];
+    }
+}
+
+template <typename T>
+void put_key(T* region, int64_t p, const T* src, int64_t hd, bool row_major) {
+  T* at = region + key_at(p, 0, hd, row_major);
+  if (row_major) {
+    std::memcpy(at, src, static_cast<size_t>(hd) * sizeof(T));
+  } else {
+    for (int64_t d = 0; d < hd; ++d) at[d * kKeyBlock] = src[d];
+  }
+}
+
+// Rows 0..n-1 of a row-major key block, transposed into out [hd][kKeyBlock].
+template <typename T>
+void transpose_keys(const T* rows, int64_t n, int64_t hd, T* out) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t d = 0; d < hd; ++d) out[d * kKeyBlock + r] = rows[r * hd + d];
+}
+
 }  // namespace
 
 void KVCache::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
@@ -39,7 +77,7 @@ KVCache::KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n
   const double elems = static_cast<double>(n_layer) * n_head_kv * head_dim * n_ctx;
   if (elems * elem_size() > 9.0e18) throw std::invalid_argument("KVCache: size overflows");
   bytes_ = static_cast<size_t>(n_layer * n_head_kv * head_dim * n_ctx) * elem_size();
-  k_.reset(zeroed(bytes_));
+  k_.reset(zeroed(static_cast<size_t>(n_layer * n_head_kv * n_blk() * kKeyBlock * head_dim) * elem_size()));
   v_.reset(zeroed(bytes_));
   n_pos_.assign(static_cast<size_t>(n_layer), 0);
 }
@@ -69,24 +107,52 @@ void KVCache::append(int64_t layer, const float* k, int64_t k_stride, const floa
                                 " needs " + str(pos + m) + ", capacity is n_ctx=" + str(n_ctx_));
   const F32ToF16Fn to_f16 = kernels().f32_to_f16;
   const size_t row_bytes = static_cast<size_t>(head_dim_) * elem_size();
+  const int64_t end = pos + m, block_elems = head_dim_ * kKeyBlock;
+  // Blocks below `full` are complete after this append; block `full` (if it holds any
+  // positions) is the partial one, row-major. pos's block changes layout, with the positions
+  // before pos in it, when this append fills it or writes into it from inside a complete one.
+  const int64_t full = end / kKeyBlock, b = pos / kKeyBlock;
+  const bool was_rows = b >= have / kKeyBlock, now_rows = b >= full;
+  const bool move = pos % kKeyBlock != 0 && was_rows != now_rows;
+  std::vector<fp16_t> kh(type_ == KV_F16 ? static_cast<size_t>(head_dim_) : 0);
   for (int64_t h = 0; h < n_head_kv_; ++h) {
-    uint8_t* kd = k_.get() + block_offset(layer, h);
-    uint8_t* vd = v_.get() + block_offset(layer, h);
+    uint8_t* kd = k_.get() + k_offset(layer, h);
+    uint8_t* vd = v_.get() + v_offset(layer, h);
+    if (move && type_ == KV_F16)
+      relayout_keys(reinterpret_cast<fp16_t*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
+    else if (move)
+      relayout_keys(reinterpret_cast<float*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
     for (int64_t t = 0; t < m; ++t) {
       const float* ks = k + t * k_stride + h * head_dim_;
       const float* vs = v + t * v_stride + h * head_dim_;
-      uint8_t* kr = kd + static_cast<size_t>(pos + t) * row_bytes;
-      uint8_t* vr = vd + static_cast<size_t>(pos + t) * row_bytes;
+      const int64_t p = pos + t;
+      const bool rows = p / kKeyBlock >= full;
+      uint8_t* vr = vd + static_cast<size_t>(p) * row_bytes;
       if (type_ == KV_F16) {
-        to_f16(ks, reinterpret_cast<fp16_t*>(kr), head_dim_);
+        to_f16(ks, kh.data(), head_dim_);
+        put_key(reinterpret_cast<fp16_t*>(kd), p, kh.data(), head_dim_, rows);
         to_f16(vs, reinterpret_cast<fp16_t*>(vr), head_dim_);
       } else {
-        std::memcpy(kr, ks, row_bytes);
+        put_key(reinterpret_cast<float*>(kd), p, ks, head_dim_, rows);
         std::memcpy(vr, vs, row_bytes);
       }
     }
   }
-  n_pos_[static_cast<size_t>(layer)] = pos + m;
+  n_pos_[static_cast<size_t>(layer)] = end;
+}
+
+void KVCache::copy_keys(int64_t layer, void* dst) const {
+  check_layer(layer);
+  const size_t es = elem_size();
+  const int64_t partial = n_pos_[static_cast<size_t>(layer)] / kKeyBlock;
+  for (int64_t h = 0; h < n_head_kv_; ++h) {
+    const uint8_t* kd = k_.get() + k_offset(layer, h);
+    uint8_t* out = static_cast<uint8_t*>(dst) + static_cast<size_t>(h * n_ctx_ * head_dim_) * es;
+    for (int64_t p = 0; p < n_ctx_; ++p)
+      for (int64_t d = 0; d < head_dim_; ++d)
+        std::memcpy(out + static_cast<size_t>(p * head_dim_ + d) * es,
+                    kd + static_cast<size_t>(key_at(p, d, head_dim_, p / kKeyBlock == partial)) * es, es);
+  }
 }
 
 void attention_check(const AttentionArgs& a) {
@@ -104,33 +170,86 @@ void attention_check(const AttentionArgs& a) {
   if (!std::isfinite(a.scale)) throw std::invalid_argument("scale must be finite");
 }
 
-void attention_range(const AttentionArgs& a, int64_t begin, int64_t end, float* scores) {
+int64_t attention_rows(const AttentionArgs& a) {
+  // A register group of the kernels holds up to four queries sharing each K and V load: with
+  // three or more query heads per KV head one row's heads fill it; with fewer (a KV head per
+  // query head: plain multi-head attention), consecutive rows fill it, else every load would
+  // feed one or two multiply-adds and the kernels would wait on the L2 cache.
+  const int64_t group = a.n_head / a.cache->n_head_kv();
+  return group >= 3 ? 1 : 4 / group;
+}
+
+int64_t attention_items(const AttentionArgs& a) {
+  const int64_t rows = attention_rows(a);
+  return (a.n_q + rows - 1) / rows * a.n_head;
+}
+
+void attention_range(const AttentionArgs& a, int64_t begin, int64_t end, float* scratch) {
   const KVCache& c = *a.cache;
   const int64_t hd = c.head_dim();
-  const int64_t group = a.n_head / c.n_head_kv();
-  const size_t row_bytes = static_cast<size_t>(hd) * c.elem_size();
-  const AttnRowFn row = kernels().attn_row[c.type()];
-  for (int64_t item = begin; item < end; ++item) {
-    const int64_t t = item / a.n_head, h = item % a.n_head, g = h / group;
-    const int64_t last = a.pos + t;  // the query's own position: keys 0..last
-    const int64_t first = a.window > 0 && last + 1 > a.window ? last + 1 - a.window : 0;
-    const auto* k = static_cast<const uint8_t*>(c.k(a.layer, g)) + static_cast<size_t>(first) * row_bytes;
-    const auto* v = static_cast<const uint8_t*>(c.v(a.layer, g)) + static_cast<size_t>(first) * row_bytes;
-    row(a.q + t * a.q_stride + h * hd, k, v, last + 1 - first, hd, a.scale, scores,
-        a.out + t * a.out_stride + h * hd);
+  const int64_t group = a.n_head / c.n_head_kv(), tile_rows = attention_rows(a);
+  const int64_t partial = c.n_pos(a.layer) / kKeyBlock;  // the row-major block, if any
+  const size_t block_bytes = static_cast<size_t>(hd * kKeyBlock) * c.elem_size();
+  const AttnFn attn = kernels().attention[c.type()];
+  AttnTile tile{};
+  tile.q_stride = a.q_stride;
+  tile.out_stride = a.out_stride;
+  tile.window = a.window;
+  tile.head_dim = hd;
+  tile.scale = a.scale;
+  tile.scores = scratch + hd * kKeyBlock;  // after room for one transposed key block
+  for (int64_t item = begin; item < end;) {
+    const int64_t row0 = item / a.n_head * tile_rows, h = item % a.n_head, g = h / group;
+    // Heads h..h+n-1: the rest of h's group within the range, in one call.
+    const int64_t group_end = (g + 1) * group, range_end = end - item / a.n_head * a.n_head;
+    tile.n_heads = (group_end < range_end ? group_end : range_end) - h;
+    tile.n_rows = a.n_q - row0 < tile_rows ? a.n_q - row0 : tile_rows;
+    tile.q = a.q + row0 * a.q_stride + h * hd;
+    tile.out = a.out + row0 * a.out_stride + h * hd;
+    tile.last = a.pos + row0;  // row 0's own position: it sees keys up to there
+    const int64_t last = tile.last + tile.n_rows - 1;
+    tile.k = c.k(a.layer, g);
+    tile.k_last = static_cast<const uint8_t*>(tile.k) + static_cast<size_t>(last / kKeyBlock) * block_bytes;
+    if (last / kKeyBlock == partial) {
+      // The kernels read blocks transposed: the tile's rows of the partial block, in scratch.
+      const int64_t rows = last % kKeyBlock + 1;
+      if (c.type() == KV_F16)
+        transpose_keys(static_cast<const fp16_t*>(tile.k_last), rows, hd, reinterpret_cast<fp16_t*>(scratch));
+      else
+        transpose_keys(static_cast<const float*>(tile.k_last), rows, hd, scratch);
+      tile.k_last = scratch;
+    }
+    tile.v = c.v(a.layer, g);
+    attn(tile);
+    item += tile.n_heads;
   }
+}
+
+int64_t attention_scratch(const AttentionArgs& a) {
+  const int64_t group = a.n_head / a.cache->n_head_kv();
+  return a.cache->head_dim() * kKeyBlock + attention_rows(a) * group * attn_span(0, a.pos + a.n_q - 1);
+}
+
+int64_t attention_chunk(int64_t n_items, int64_t group, int n_threads) {
+  if (n_threads < 1) n_threads = 1;
+  // Whole groups, handed out on demand, when there are enough of them to even out the threads'
+  // loads (prefill rows cost more the later they are); otherwise (a decode step over few KV
+  // heads) one even share per thread, cutting groups where it must.
+  if (n_items / group >= 4 * static_cast<int64_t>(n_threads)) return group;
+  return (n_items + n_threads - 1) / n_threads;
 }
 
 void attention(const AttentionArgs& a, int n_threads) {
   attention_check(a);
-  const int64_t n_items = a.n_q * a.n_head;
-  const int64_t n_scores = a.pos + a.n_q;
+  const int64_t n_items = attention_items(a);
+  const int64_t n_scratch = attention_scratch(a);
   if (n_threads < 1) n_threads = 1;
-  // One scratch row of scores per thread; each item is computed alone, so any split of the
-  // items over threads gives the same bits.
-  std::vector<float> scratch(static_cast<size_t>(n_scores) * static_cast<size_t>(n_threads));
-  parallel_for(n_threads, n_items, 1, [&](int64_t begin, int64_t end, int tid) {
-    attention_range(a, begin, end, scratch.data() + static_cast<size_t>(tid) * n_scores);
+  // Scratch per thread; each query's result does not depend on its tile (AttnFn), so any
+  // split of the items over threads gives the same bits.
+  std::vector<float> scratch(static_cast<size_t>(n_scratch) * static_cast<size_t>(n_threads));
+  const int64_t chunk = attention_chunk(n_items, a.n_head / a.cache->n_head_kv(), n_threads);
+  parallel_for(n_threads, n_items, chunk, [&](int64_t begin, int64_t end, int tid) {
+    attention_range(a, begin, end, scratch.data() + static_cast<size_t>(tid) * n_scratch);
   });
 }
 

@@ -10,11 +10,17 @@
 
 namespace pyinfer {
 
-// K and V of every layer, float32 or float16, each stored [n_layer][n_head_kv][n_ctx][head_dim]:
-// one (layer, KV head) is a contiguous [n_ctx][head_dim] block, so attention streams its keys
-// and values in position order. Positions 0..n_pos(layer)-1 of a layer hold data; appends
-// continue from there or overwrite from an earlier position (which drops the later ones).
-// Errors throw std::invalid_argument with a message naming the bad value.
+// K and V of every layer, float32 or float16. V is stored [n_layer][n_head_kv][n_ctx][head_dim];
+// K in blocks of kKeyBlock positions, [n_layer][n_head_kv][n_blk][kKeyBlock * head_dim] with
+// n_blk = n_ctx / kKeyBlock rounded up. A complete block (below n_pos(layer) / kKeyBlock) is
+// [head_dim][kKeyBlock], kKeyBlock positions side by side for each dimension, so a query's
+// scores against it come from whole-vector multiply-adds (dispatch.h, AttnFn). The partial
+// block at n_pos / kKeyBlock is held row-major, [kKeyBlock][head_dim], and transposed once when
+// it fills: a decode step's append then writes one row of K, not one element in each of
+// head_dim cache lines. One (layer, KV head) is a contiguous region of each, so attention
+// streams its keys and values in position order. Positions 0..n_pos(layer)-1 of a layer hold
+// data; appends continue from there or overwrite from an earlier position (which drops the
+// later ones). Errors throw std::invalid_argument with a message naming the bad value.
 class KVCache {
  public:
   KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, KvType type);
@@ -25,11 +31,12 @@ class KVCache {
   void append(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
               int64_t pos, int64_t m);
 
-  // Start of the [n_ctx][head_dim] block of (layer, KV head).
-  const void* k(int64_t layer, int64_t head) const { return k_.get() + block_offset(layer, head); }
-  const void* v(int64_t layer, int64_t head) const { return v_.get() + block_offset(layer, head); }
-  void* k_data() { return k_.get(); }
-  void* v_data() { return v_.get(); }
+  // Start of the key blocks (see above) and of the values ([n_ctx][head_dim]) of (layer, KV head).
+  const void* k(int64_t layer, int64_t head) const { return k_.get() + k_offset(layer, head); }
+  const void* v(int64_t layer, int64_t head) const { return v_.get() + v_offset(layer, head); }
+  // One layer's keys in position order, [n_head_kv][n_ctx][head_dim] elements of the cache's
+  // type (positions from n_pos(layer) on hold whatever their storage holds).
+  void copy_keys(int64_t layer, void* dst) const;
 
   int64_t n_pos(int64_t layer) const;
   void clear();  // every layer back to 0 positions (the data stays until overwritten)
@@ -40,20 +47,26 @@ class KVCache {
   int64_t n_ctx() const { return n_ctx_; }
   KvType type() const { return type_; }
   size_t elem_size() const { return type_ == KV_F16 ? 2 : 4; }
-  size_t nbytes() const { return 2 * bytes_; }  // K and V together
+  // K and V together, n_ctx positions of each (K's storage also holds up to kKeyBlock - 1
+  // positions of padding per layer and head, left out here).
+  size_t nbytes() const { return 2 * bytes_; }
 
  private:
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
-  size_t block_offset(int64_t layer, int64_t head) const {
+  int64_t n_blk() const { return (n_ctx_ + kKeyBlock - 1) / kKeyBlock; }
+  size_t k_offset(int64_t layer, int64_t head) const {
+    return static_cast<size_t>((layer * n_head_kv_ + head) * n_blk() * kKeyBlock * head_dim_) * elem_size();
+  }
+  size_t v_offset(int64_t layer, int64_t head) const {
     return static_cast<size_t>((layer * n_head_kv_ + head) * n_ctx_ * head_dim_) * elem_size();
   }
   void check_layer(int64_t layer) const;
 
   int64_t n_layer_, n_head_kv_, head_dim_, n_ctx_;
   KvType type_;
-  size_t bytes_;  // of K (and of V)
+  size_t bytes_;  // of V (and of K's n_ctx positions)
   std::unique_ptr<uint8_t, FreeDeleter> k_, v_;
   std::vector<int64_t> n_pos_;  // [n_layer]
 };
@@ -77,10 +90,19 @@ struct AttentionArgs {
 
 // Checks the arguments against the cache; throws std::invalid_argument.
 void attention_check(const AttentionArgs& a);
-// Work items are (query t, head h) pairs numbered t * n_head + h; computes items
-// [begin, end) with the active ISA's row kernel. scores: scratch of pos + n_q floats.
-void attention_range(const AttentionArgs& a, int64_t begin, int64_t end, float* scores);
-// All items, split into n_threads contiguous ranges (results do not depend on the split).
+// Query rows per tile: 1, or a few when a KV head has fewer than three query heads.
+int64_t attention_rows(const AttentionArgs& a);
+// Work items are (tile of attention_rows(a) query rows, head h) pairs numbered
+// tile * n_head + h; there are attention_items(a) of them.
+int64_t attention_items(const AttentionArgs& a);
+// Computes items [begin, end) with the active ISA's kernel, one call per run of heads that
+// share a KV head, so that they share each load of K and V. scratch: attention_scratch(a) floats.
+void attention_range(const AttentionArgs& a, int64_t begin, int64_t end, float* scratch);
+// Scratch floats attention_range needs: the scores, and room to transpose a partial key block.
+int64_t attention_scratch(const AttentionArgs& a);
+// The parallel_for chunk for n_items items in runs of `group` heads sharing a KV head.
+int64_t attention_chunk(int64_t n_items, int64_t group, int n_threads);
+// All items, split into chunks over n_threads threads (results do not depend on the split).
 void attention(const AttentionArgs& a, int n_threads);
 
 }  // namespace pyinfer

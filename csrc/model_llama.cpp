@@ -184,21 +184,25 @@ void attention_segments(const std::vector<AttentionArgs>& args, int n_threads) {
     return;
   }
   std::vector<int64_t> first(args.size() + 1, 0);  // first item of each segment
-  int64_t n_scores = 0;
+  int64_t n_scratch = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     attention_check(args[i]);
-    first[i + 1] = first[i] + args[i].n_q * args[i].n_head;
-    if (args[i].pos + args[i].n_q > n_scores) n_scores = args[i].pos + args[i].n_q;
+    first[i + 1] = first[i] + attention_items(args[i]);
+    const int64_t need = attention_scratch(args[i]);
+    if (need > n_scratch) n_scratch = need;
   }
   if (n_threads < 1) n_threads = 1;
-  std::vector<float> scratch(static_cast<size_t>(n_scores) * static_cast<size_t>(n_threads));
-  parallel_for(n_threads, first.back(), 1, [&](int64_t begin, int64_t end, int tid) {
-    float* scores = scratch.data() + static_cast<size_t>(tid) * n_scores;
+  std::vector<float> scratch(static_cast<size_t>(n_scratch) * static_cast<size_t>(n_threads));
+  // Every segment has the same heads, so chunks of whole groups line up with the segments.
+  const int64_t group = args[0].n_head / args[0].cache->n_head_kv();
+  const int64_t chunk = attention_chunk(first.back(), group, n_threads);
+  parallel_for(n_threads, first.back(), chunk, [&](int64_t begin, int64_t end, int tid) {
+    float* own = scratch.data() + static_cast<size_t>(tid) * n_scratch;
     size_t i = 0;
     for (int64_t item = begin; item < end;) {
       while (first[i + 1] <= item) ++i;
       const int64_t stop = end < first[i + 1] ? end : first[i + 1];
-      attention_range(args[i], item - first[i], stop - first[i], scores);
+      attention_range(args[i], item - first[i], stop - first[i], own);
       item = stop;
     }
   });

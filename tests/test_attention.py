@@ -27,7 +27,7 @@ def rows(rng: np.random.Generator, m: int, width: int, scale: float = 1.0) -> np
 
 
 def heads_major(x: np.ndarray, n_head_kv: int, head_dim: int) -> np.ndarray:
-    """[M, n_head_kv * head_dim] -> [n_head_kv, M, head_dim], the cache's layout."""
+    """[M, n_head_kv * head_dim] -> [n_head_kv, M, head_dim], as keys() and values() return."""
     return x.reshape(x.shape[0], n_head_kv, head_dim).transpose(1, 0, 2)
 
 
@@ -56,11 +56,39 @@ def test_append_exact(isa: str, dtype: str, n_head_kv: int, head_dim: int) -> No
     # Overwriting from an earlier position drops what followed it.
     c.append(2, k1[:2], v1[:2], 3)
     assert c.n_pos(2) == 5
-    np.testing.assert_array_equal(
-        c.keys(2)[:, 3:5], heads_major(k1[:2].astype(dtype), n_head_kv, head_dim)
-    )
+    kept = np.concatenate([k_all[:3], k1[:2].astype(dtype)])
+    np.testing.assert_array_equal(c.keys(2)[:, :5], heads_major(kept, n_head_kv, head_dim))
     c.clear()
     assert c.n_pos(2) == 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_append_in_pieces(isa: str, dtype: str) -> None:
+    """Keys appended in pieces (key blocks of 16 positions filled across appends, written into
+    from inside after they filled) read back, and attend, exactly as when appended at once."""
+    rng = rng_for(12)
+    n_head_kv, hd, n, n_head = 2, 24, 45, 6
+    width = n_head_kv * hd
+    k, v, junk = rows(rng, n, width), rows(rng, n, width), rows(rng, 20, width)
+    whole = _C.KVCache(1, n_head_kv, hd, 48, dtype)
+    whole.append(0, k, v, 0)
+    c = _C.KVCache(1, n_head_kv, hd, 48, dtype)
+    pos = 0
+    for m in [1, 6, 13, 3, 19]:
+        c.append(0, k[pos : pos + m], v[pos : pos + m], pos)
+        pos += m
+    c.append(0, junk[:5], junk[:5], 20)  # into the filled block 16..31, which becomes partial
+    c.append(0, junk[5:], junk[5:], 25)  # and fills again
+    c.append(0, k[20:], v[20:], 20)
+    assert c.n_pos(0) == n
+    np.testing.assert_array_equal(c.keys(0)[:, :n], whole.keys(0)[:, :n])
+    np.testing.assert_array_equal(c.values(0)[:, :n], whole.values(0)[:, :n])
+    q = rows(rng, 9, n_head * hd)
+    for window in (0, 11):
+        np.testing.assert_array_equal(
+            _C.attention(q, c, 0, n - 9, n_head, window=window),
+            _C.attention(q, whole, 0, n - 9, n_head, window=window),
+        )
 
 
 def test_append_f16_rounding(isa: str) -> None:
@@ -190,8 +218,9 @@ def check_attention(c, layer, q, pos, n_head, window=0, n_threads=1):
     return out
 
 
-# (n_head, n_head_kv, head_dim): the default model's, and shapes off every vector width.
-SHAPES = [(9, 3, 64), (4, 1, 17), (6, 2, 40), (2, 2, 80), (3, 1, 8)]
+# (n_head, n_head_kv, head_dim): the default model's, shapes off every vector width, and groups
+# of query heads the kernels split (7: 4 + 3, 5: 3 + 2) with gemma3's head_dim.
+SHAPES = [(9, 3, 64), (4, 1, 17), (6, 2, 40), (2, 2, 80), (3, 1, 8), (7, 1, 256), (10, 2, 24)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -256,6 +285,27 @@ def test_threads_identical(isa: str, dtype: str) -> None:
     np.testing.assert_array_equal(
         _C.attention(qd, c, 0, 299, 9, n_threads=2), _C.attention(qd, c, 0, 299, 9, n_threads=1)
     )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("window", [0, 21, 3])
+@pytest.mark.parametrize("n_head,n_head_kv", [(14, 2), (3, 3), (4, 2)])
+def test_split_identical(isa: str, dtype: str, window: int, n_head: int, n_head_kv: int) -> None:
+    """A query's result does not depend on which rows, heads or threads share its work: all rows
+    at once (prefill), one row at a time (decode), and any thread count give the same bits."""
+    rng = rng_for(11, window, n_head)
+    hd, pos, m = 40, 37, 9
+    c = filled_cache(rng, 1, n_head_kv, hd, 64, pos + m, dtype, 0)
+    q = rows(rng, m, n_head * hd)
+    whole = _C.attention(q, c, 0, pos, n_head, window=window)
+    for n in (2, 3, 5):
+        got = _C.attention(q, c, 0, pos, n_head, window=window, n_threads=n)
+        np.testing.assert_array_equal(got, whole)
+    for n in (1, 3):
+        rowwise = [
+            _C.attention(q[t], c, 0, pos + t, n_head, window=window, n_threads=n) for t in range(m)
+        ]
+        np.testing.assert_array_equal(np.stack(rowwise), whole)
 
 
 def test_python_threads_concurrently(isa: str) -> None:

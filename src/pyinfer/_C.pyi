@@ -120,7 +120,8 @@ def embedding(
     F16, F32, or any type with a dequantization kernel) as float32 [len(ids), dim]."""
 
 class KVCache:
-    """Per-sequence K/V cache, float32 or float16, stored [n_layer][n_head_kv][n_ctx][head_dim].
+    """Per-sequence K/V cache, float32 or float16: V stored [n_layer][n_head_kv][n_ctx][head_dim],
+    K in blocks of 16 positions, [head_dim][16] each once complete.
 
     Not safe to append to from one thread while another reads the same cache."""
 
@@ -144,7 +145,7 @@ class KVCache:
         pos + M <= n_ctx, else ValueError; positions after pos + M are dropped."""
 
     def keys(self, layer: int) -> npt.NDArray[Any]:
-        """Read-only view [n_head_kv, n_ctx, head_dim] of one layer's keys."""
+        """Read-only copy [n_head_kv, n_ctx, head_dim] of one layer's keys, in position order."""
 
     def values(self, layer: int) -> npt.NDArray[Any]:
         """Read-only view [n_head_kv, n_ctx, head_dim] of one layer's values."""

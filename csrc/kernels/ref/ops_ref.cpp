@@ -1,5 +1,5 @@
 // ops_ref.cpp: scalar RMSNorm, RoPE, SwiGLU, add, softmax, fp16 conversion and the attention
-// row kernel: the executable spec of the SIMD variants in kernels/x86/ops_*.cpp.
+// kernel: the executable spec of the SIMD variants in kernels/x86/ops_*.cpp.
 //
 // RoPE, add and the fp16 conversion are exact specs: the SIMD variants do the same float32
 // operations in the same order and match bit for bit. RMSNorm, softmax, SwiGLU and attention
@@ -72,29 +72,40 @@ void f32_to_f16_ref(const float* src, fp16_t* dst, int64_t n) {
 inline float kv_load(const float* p, int64_t i) { return p[i]; }
 inline float kv_load(const fp16_t* p, int64_t i) { return fp16_to_f32(p[i]); }
 
-// Two passes over the keys: scores and their max, then exp(s - max) weights; the weighted sum
-// of V is divided by the weights' sum at the end. Stable for any score range.
+// Per query, two passes over the keys: scores and their max, then exp(s - max) weights; the
+// weighted sum of V is divided by the weights' sum at the end. Stable for any score range.
 template <typename T>
-void attn_row_ref(const float* q, const void* kp, const void* vp, int64_t n_kv, int64_t head_dim,
-                  float scale, float* scores, float* out) {
-  const T* k = static_cast<const T*>(kp);
-  const T* v = static_cast<const T*>(vp);
-  float m = -INFINITY;
-  for (int64_t j = 0; j < n_kv; ++j) {
-    float d = 0.0f;
-    for (int64_t i = 0; i < head_dim; ++i) d += q[i] * kv_load(k + j * head_dim, i);
-    scores[j] = d * scale;
-    m = scores[j] > m ? scores[j] : m;
+void attention_ref(const AttnTile& t) {
+  const int64_t hd = t.head_dim, last_block = (t.last + t.n_rows - 1) / kKeyBlock;
+  const T* v = static_cast<const T*>(t.v);
+  float* scores = t.scores;
+  for (int64_t row = 0; row < t.n_rows; ++row) {
+    const int64_t first = attn_first(t, row), n_kv = t.last + row + 1 - first;
+    for (int64_t h = 0; h < t.n_heads; ++h) {
+      const float* q = t.q + row * t.q_stride + h * hd;
+      float* out = t.out + row * t.out_stride + h * hd;
+      float m = -INFINITY;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        // Element i of key p sits at (i, p % kKeyBlock) of its block.
+        const int64_t p = first + j, b = p / kKeyBlock;
+        const T* kj = (b == last_block ? static_cast<const T*>(t.k_last)
+                                       : static_cast<const T*>(t.k) + b * hd * kKeyBlock) + p % kKeyBlock;
+        float d = 0.0f;
+        for (int64_t i = 0; i < hd; ++i) d += q[i] * kv_load(kj, i * kKeyBlock);
+        scores[j] = d * t.scale;
+        m = scores[j] > m ? scores[j] : m;
+      }
+      for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;
+      float sum = 0.0f;
+      for (int64_t j = 0; j < n_kv; ++j) {
+        const float w = std::exp(scores[j] - m);
+        sum += w;
+        for (int64_t i = 0; i < hd; ++i) out[i] += w * kv_load(v + (first + j) * hd, i);
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t i = 0; i < hd; ++i) out[i] *= inv;
+    }
   }
-  for (int64_t i = 0; i < head_dim; ++i) out[i] = 0.0f;
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n_kv; ++j) {
-    const float p = std::exp(scores[j] - m);
-    sum += p;
-    for (int64_t i = 0; i < head_dim; ++i) out[i] += p * kv_load(v + j * head_dim, i);
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < head_dim; ++i) out[i] *= inv;
 }
 
 }  // namespace
@@ -106,8 +117,8 @@ void fill_ops_scalar(KernelTable& t) {
   t.add_f32 = add_f32_ref;
   t.softmax_f32 = softmax_f32_ref;
   t.f32_to_f16 = f32_to_f16_ref;
-  t.attn_row[KV_F32] = attn_row_ref<float>;
-  t.attn_row[KV_F16] = attn_row_ref<fp16_t>;
+  t.attention[KV_F32] = attention_ref<float>;
+  t.attention[KV_F16] = attention_ref<fp16_t>;
 }
 
 }  // namespace pyinfer

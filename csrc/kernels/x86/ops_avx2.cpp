@@ -1,5 +1,5 @@
 // ops_avx2.cpp: AVX2 (+FMA, F16C) RMSNorm, RoPE, SwiGLU, add, softmax, fp16 conversion,
-// attention rows. This file alone is compiled with the AVX2 flags. Everything except
+// attention. This file alone is compiled with the AVX2 flags. Everything except
 // fill_ops_avx2 has internal linkage and no STL template is instantiated, so no code built with
 // these flags can be merged into a portable caller. RoPE, add and the fp16 conversion match
 // ops_ref.cpp bit for bit; the rest sum lane-wise and use a polynomial exp (within float32
@@ -188,70 +188,160 @@ inline __m256 kv8(const void* p, int64_t idx, int64_t r, bool f16) {
   return _mm256_loadu_ps(tmp);
 }
 
-// The attention row; always inlined into one wrapper per storage type so `f16` is a constant.
-// Four accumulators hold 32 elements of the output (the whole row for head_dim <= 32), so V
-// streams once per 32-wide slice with no stores in the inner loop.
-__attribute__((always_inline)) inline void attn_row(const float* q, const void* k, const void* v,
-                                                    int64_t n_kv, int64_t head_dim, float scale,
-                                                    float* scores, float* out, bool f16) {
-  const __m128 scale4 = _mm_set1_ps(scale);
-  int64_t j = 0;
-  // Four keys at a time, their accumulators reduced together with two rounds of hadd.
-  for (; j + 4 <= n_kv; j += 4) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    __m256 a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    for (int64_t i = 0; i < head_dim; i += 8) {
-      const int64_t r = head_dim - i;
-      const __m256 qv = load(q + i, lanes(r));
-      a0 = _mm256_fmadd_ps(qv, kv8(k, j * head_dim + i, r, f16), a0);
-      a1 = _mm256_fmadd_ps(qv, kv8(k, (j + 1) * head_dim + i, r, f16), a1);
-      a2 = _mm256_fmadd_ps(qv, kv8(k, (j + 2) * head_dim + i, r, f16), a2);
-      a3 = _mm256_fmadd_ps(qv, kv8(k, (j + 3) * head_dim + i, r, f16), a3);
+// The attention kernels' short loops over queries, key blocks and output chunks have compile-time
+// counts; unrolling them where they are written lets GCC keep the accumulator arrays in
+// registers (unrolled only later, the arrays stay in memory and are stored every iteration).
+#define UNROLL _Pragma("GCC unroll 16")
+
+// 8 whole cached elements from p[idx..] as float32.
+template <bool F16>
+inline __m256 kv8_full(const void* p, int64_t idx) {
+  if (!F16) return _mm256_loadu_ps(static_cast<const float*>(p) + idx);
+  const fp16_t* h = static_cast<const fp16_t*>(p) + idx;
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+}
+
+// The queries of one register group of a tile: where each reads and writes, and the positions
+// it sees.
+template <int RG>
+struct Queries {
+  const float* q[RG];
+  float* out[RG];
+  int64_t first[RG], last[RG];
+};
+
+// Scores of RG queries against NB consecutive key blocks from k: s[r * ls + i], i over the
+// NB * 16 positions, two vectors per block. Each K vector load feeds RG multiply-adds, and
+// each score is one multiply-add chain over d = 0..head_dim-1 in order, so its bits do not
+// depend on RG or NB.
+template <int RG, int NB, bool F16>
+inline void score_blocks(const Queries<RG>& g, int64_t head_dim, const void* k, float scale, float* s,
+                         int64_t ls) {
+  __m256 acc[RG][2 * NB];
+  UNROLL for (int r = 0; r < RG; ++r)
+    UNROLL for (int n = 0; n < 2 * NB; ++n) acc[r][n] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < head_dim; ++d) {
+    __m256 kv[2 * NB];
+    UNROLL for (int n = 0; n < NB; ++n) {
+      kv[2 * n] = kv8_full<F16>(k, (n * head_dim + d) * kKeyBlock);
+      kv[2 * n + 1] = kv8_full<F16>(k, (n * head_dim + d) * kKeyBlock + 8);
     }
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    _mm_storeu_ps(scores + j, _mm_mul_ps(s4, scale4));
+    UNROLL for (int r = 0; r < RG; ++r) {
+      const __m256 qd = _mm256_broadcast_ss(g.q[r] + d);
+      UNROLL for (int n = 0; n < 2 * NB; ++n) acc[r][n] = _mm256_fmadd_ps(qd, kv[n], acc[r][n]);
+    }
   }
-  for (; j < n_kv; ++j) {
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= head_dim; i += 16) {
-      acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), kv8(k, j * head_dim + i, 8, f16), acc0);
-      acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), kv8(k, j * head_dim + i + 8, 8, f16), acc1);
+  const __m256 sc = _mm256_set1_ps(scale);
+  UNROLL for (int r = 0; r < RG; ++r)
+    UNROLL for (int n = 0; n < 2 * NB; ++n)
+      _mm256_storeu_ps(s + r * ls + n * 8, _mm256_mul_ps(acc[r][n], sc));
+}
+
+// For positions j in [j0, j1]: acc[r] += p[r * ls + j - base] v[j] over output elements
+// [i0, i0 + 8 C), the last chunk holding `tail` (1..8) of them. With SOME, only the queries
+// whose own range holds j add, which leaves the others' sums exactly as if j were skipped.
+// Each V vector load feeds RG multiply-adds; each sum is one chain over j in order.
+template <int RG, int C, bool F16, bool SOME>
+inline void weigh_range(__m256 (&acc)[RG][C], const Queries<RG>& g, const float* p, int64_t ls, int64_t base,
+                        const void* v, int64_t j0, int64_t j1, int64_t head_dim, int64_t i0, int64_t tail) {
+  for (int64_t j = j0; j <= j1; ++j) {
+    const int64_t at = j * head_dim + i0;
+    __m256 vv[C];
+    UNROLL for (int c = 0; c < C - 1; ++c) vv[c] = kv8_full<F16>(v, at + 8 * c);
+    vv[C - 1] = tail == 8 ? kv8_full<F16>(v, at + 8 * (C - 1)) : kv8(v, at + 8 * (C - 1), tail, F16);
+    UNROLL for (int r = 0; r < RG; ++r) {
+      if (SOME && (j < g.first[r] || j > g.last[r])) continue;
+      const __m256 pr = _mm256_broadcast_ss(p + r * ls + j - base);
+      UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_fmadd_ps(pr, vv[c], acc[r][c]);
     }
-    for (; i < head_dim; i += 8)
-      acc0 = _mm256_fmadd_ps(load(q + i, lanes(head_dim - i)),
-                             kv8(k, j * head_dim + i, head_dim - i, f16), acc0);
-    scores[j] = hsum(_mm256_add_ps(acc0, acc1)) * scale;
-  }
-  const __m256 inv = _mm256_set1_ps(1.0f / exp_shift_sum(scores, scores, n_kv, max_f32(scores, n_kv)));
-  for (int64_t i0 = 0; i0 < head_dim; i0 += 32) {
-    const int64_t r = head_dim - i0;
-    __m256 o0 = _mm256_setzero_ps(), o1 = _mm256_setzero_ps();
-    __m256 o2 = _mm256_setzero_ps(), o3 = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n_kv; ++j) {
-      const int64_t at = j * head_dim + i0;
-      const __m256 p = _mm256_set1_ps(scores[j]);
-      o0 = _mm256_fmadd_ps(p, kv8(v, at, r, f16), o0);
-      if (r > 8) o1 = _mm256_fmadd_ps(p, kv8(v, at + 8, r - 8, f16), o1);
-      if (r > 16) o2 = _mm256_fmadd_ps(p, kv8(v, at + 16, r - 16, f16), o2);
-      if (r > 24) o3 = _mm256_fmadd_ps(p, kv8(v, at + 24, r - 24, f16), o3);
-    }
-    store(out + i0, lanes(r), _mm256_mul_ps(o0, inv));
-    store(out + i0 + 8, lanes(r - 8), _mm256_mul_ps(o1, inv));
-    store(out + i0 + 16, lanes(r - 16), _mm256_mul_ps(o2, inv));
-    store(out + i0 + 24, lanes(r - 24), _mm256_mul_ps(o3, inv));
   }
 }
 
-void attn_row_f32_avx2(const float* q, const void* k, const void* v, int64_t n_kv, int64_t head_dim,
-                       float scale, float* scores, float* out) {
-  attn_row(q, k, v, n_kv, head_dim, scale, scores, out, false);
+// out[r][i0 .. i0 + 8 C) = inv[r] * sum over j in first[r]..last[r] of p[r * ls + j - base] v[j].
+// The positions all RG queries see go through the plain loop; rows of a tile that end (or,
+// with a window, start) at different positions leave a few at either end for the other one.
+template <int RG, int C, bool F16>
+inline void weigh_values(const Queries<RG>& g, const float* p, int64_t ls, int64_t base, const void* v,
+                         int64_t head_dim, int64_t i0, int64_t tail, const float* inv) {
+  __m256 acc[RG][C];
+  UNROLL for (int r = 0; r < RG; ++r)
+    UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  int64_t lo = g.first[0], hi = g.last[0], all_lo = g.first[0], all_hi = g.last[0];
+  for (int r = 1; r < RG; ++r) {
+    lo = g.first[r] < lo ? g.first[r] : lo;
+    hi = g.last[r] > hi ? g.last[r] : hi;
+    all_lo = g.first[r] > all_lo ? g.first[r] : all_lo;
+    all_hi = g.last[r] < all_hi ? g.last[r] : all_hi;
+  }
+  if (all_lo > all_hi) all_lo = hi + 1, all_hi = hi;  // no position common to all
+  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, lo, all_lo - 1, head_dim, i0, tail);
+  weigh_range<RG, C, F16, false>(acc, g, p, ls, base, v, all_lo, all_hi, head_dim, i0, tail);
+  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, all_hi + 1, hi, head_dim, i0, tail);
+  UNROLL for (int r = 0; r < RG; ++r) {
+    const __m256 iv = _mm256_set1_ps(inv[r]);
+    UNROLL for (int c = 0; c < C; ++c)
+      store(g.out[r] + i0 + 8 * c, lanes(c == C - 1 ? tail : 8), _mm256_mul_ps(acc[r][c], iv));
+  }
 }
 
-void attn_row_f16_avx2(const float* q, const void* k, const void* v, int64_t n_kv, int64_t head_dim,
-                       float scale, float* scores, float* out) {
-  attn_row(q, k, v, n_kv, head_dim, scale, scores, out, true);
+// RG queries of a tile, numbered from i0 row-major over (row, head) (see AttnTile): scores
+// over the tile's key blocks b0..b1, softmax over each query's own positions, then the
+// weighted sums of V a slice of the output at a time. s: the group's rows of ls scores. Block
+// and slice counts keep accumulators, loaded vectors and a broadcast within the 16 registers.
+template <int RG, bool F16>
+void attend(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, float* s, int64_t ls) {
+  const int64_t hd = t.head_dim;
+  Queries<RG> g;
+  for (int r = 0; r < RG; ++r) {
+    const int64_t row = (i0 + r) / t.n_heads, h = (i0 + r) % t.n_heads;
+    g.q[r] = t.q + row * t.q_stride + h * hd;
+    g.out[r] = t.out + row * t.out_stride + h * hd;
+    g.first[r] = attn_first(t, row);
+    g.last[r] = t.last + row;
+  }
+  constexpr int NB = RG >= 3 ? 1 : 2;
+  const int64_t block_bytes = hd * kKeyBlock * (F16 ? 2 : 4);
+  const auto* kb = static_cast<const uint8_t*>(t.k) + b0 * block_bytes;
+  int64_t b = 0;  // blocks from b0; the last one comes from k_last
+  for (; b + NB <= b1 - b0; b += NB)
+    score_blocks<RG, NB, F16>(g, hd, kb + b * block_bytes, t.scale, s + b * kKeyBlock, ls);
+  for (; b < b1 - b0; ++b)
+    score_blocks<RG, 1, F16>(g, hd, kb + b * block_bytes, t.scale, s + b * kKeyBlock, ls);
+  score_blocks<RG, 1, F16>(g, hd, t.k_last, t.scale, s + b * kKeyBlock, ls);
+  const int64_t base = b0 * kKeyBlock;
+  float inv[RG];
+  for (int r = 0; r < RG; ++r) {
+    float* p = s + r * ls + g.first[r] - base;
+    const int64_t n = g.last[r] + 1 - g.first[r];
+    inv[r] = 1.0f / exp_shift_sum(p, p, n, max_f32(p, n));
+  }
+  constexpr int C = RG <= 2 ? 4 : RG == 3 ? 3 : 2;
+  for (int64_t i = 0; i < hd; i += 8 * C) {
+    const int64_t rest = hd - i, chunks = (rest + 7) / 8;
+    const int64_t tail = rest >= 8 * C ? 8 : rest - 8 * (chunks - 1);
+    if (chunks >= C) weigh_values<RG, C, F16>(g, s, ls, base, t.v, hd, i, tail, inv);
+    else if (chunks == 3) weigh_values<RG, 3, F16>(g, s, ls, base, t.v, hd, i, tail, inv);
+    else if (chunks == 2) weigh_values<RG, 2, F16>(g, s, ls, base, t.v, hd, i, tail, inv);
+    else weigh_values<RG, 1, F16>(g, s, ls, base, t.v, hd, i, tail, inv);
+  }
+}
+
+// The tile's queries in register groups of at most four, as even as can be (nine: 3 + 3 + 3).
+template <bool F16>
+void attention_avx2(const AttnTile& t) {
+  const int64_t b0 = attn_first(t, 0) / kKeyBlock, b1 = (t.last + t.n_rows - 1) / kKeyBlock;
+  const int64_t ls = (b1 - b0 + 1) * kKeyBlock, n_q = t.n_rows * t.n_heads;
+  for (int64_t i = 0; i < n_q;) {
+    const int64_t left = n_q - i, n_groups = (left + 3) / 4, rg = (left + n_groups - 1) / n_groups;
+    float* s = t.scores + i * ls;
+    switch (rg) {
+      case 1: attend<1, F16>(t, i, b0, b1, s, ls); break;
+      case 2: attend<2, F16>(t, i, b0, b1, s, ls); break;
+      case 3: attend<3, F16>(t, i, b0, b1, s, ls); break;
+      default: attend<4, F16>(t, i, b0, b1, s, ls); break;
+    }
+    i += rg;
+  }
 }
 
 }  // namespace
@@ -263,8 +353,8 @@ void fill_ops_avx2(KernelTable& t) {
   t.add_f32 = add_f32_avx2;
   t.softmax_f32 = softmax_f32_avx2;
   t.f32_to_f16 = f32_to_f16_avx2;
-  t.attn_row[KV_F32] = attn_row_f32_avx2;
-  t.attn_row[KV_F16] = attn_row_f16_avx2;
+  t.attention[KV_F32] = attention_avx2<false>;
+  t.attention[KV_F16] = attention_avx2<true>;
 }
 
 }  // namespace pyinfer

@@ -1,4 +1,4 @@
-// ops_avx512.cpp: AVX-512 RMSNorm, RoPE, SwiGLU, add, softmax, fp16 conversion, attention rows.
+// ops_avx512.cpp: AVX-512 RMSNorm, RoPE, SwiGLU, add, softmax, fp16 conversion, attention.
 // This file alone is compiled with the AVX-512 flags. Everything except fill_ops_avx512 has
 // internal linkage and no STL template is instantiated, so no code built with these flags can
 // be merged into a portable caller. RoPE, add and the fp16 conversion match ops_ref.cpp bit for
@@ -166,85 +166,168 @@ void f32_to_f16_avx512(const float* src, fp16_t* dst, int64_t n) {
   }
 }
 
-// 16 cached elements from p[idx..] (masked) as float32; f16 selects fp16 storage.
-inline __m512 kv16(const void* p, int64_t idx, __mmask16 k, bool f16) {
-  if (f16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, static_cast<const fp16_t*>(p) + idx));
+// The attention kernels' short loops over queries, key blocks and output chunks have compile-time
+// counts; unrolling them where they are written lets GCC keep the accumulator arrays in
+// registers (unrolled only later, the arrays stay in memory and are stored every iteration).
+#define UNROLL _Pragma("GCC unroll 16")
+
+// 16 cached elements from p[idx..] (masked) as float32; F16 selects fp16 storage.
+template <bool F16>
+inline __m512 kv16(const void* p, int64_t idx, __mmask16 k) {
+  if (F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, static_cast<const fp16_t*>(p) + idx));
   return _mm512_maskz_loadu_ps(k, static_cast<const float*>(p) + idx);
 }
 
-// (sum a, sum b, sum c, sum d) of four vectors.
-inline __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
-  // Within each 128-bit lane: pairwise sums of a, b, then of c, d, then one lane of each.
-  const __m512 ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));  // a02 b02 a13 b13
-  const __m512 cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
-  const __m512 abcd = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
-                                    _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));  // a b c d
-  // Then across the four lanes.
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(abcd),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(abcd), 1)));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+// The queries of one register group of a tile: where each reads and writes, and the positions
+// it sees.
+template <int RG>
+struct Queries {
+  const float* q[RG];
+  float* out[RG];
+  int64_t first[RG], last[RG];
+};
+
+// Scores of RG queries against NB consecutive key blocks from k: s[r * ls + i], i over the
+// NB * 16 positions. Each K vector load feeds RG multiply-adds, and each score is one
+// multiply-add chain over d = 0..head_dim-1 in order, so its bits do not depend on RG or NB.
+template <int RG, int NB, bool F16>
+inline void score_blocks(const Queries<RG>& g, int64_t head_dim, const void* k, float scale, float* s,
+                         int64_t ls) {
+  __m512 acc[RG][NB];
+  UNROLL for (int r = 0; r < RG; ++r)
+    UNROLL for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_setzero_ps();
+  for (int64_t d = 0; d < head_dim; ++d) {
+    __m512 kv[NB];
+    UNROLL for (int n = 0; n < NB; ++n) {
+      kv[n] = kv16<F16>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
+      // Pin the vector in a register: GCC would otherwise fold the load into each of the RG
+      // multiply-adds as a memory operand, RG loads where one will do (prefill attention took
+      // 40% longer).
+      __asm__("" : "+v"(kv[n]));
+    }
+    UNROLL for (int r = 0; r < RG; ++r) {
+      const __m512 qd = _mm512_set1_ps(g.q[r][d]);
+      UNROLL for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_fmadd_ps(qd, kv[n], acc[r][n]);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  UNROLL for (int r = 0; r < RG; ++r)
+    UNROLL for (int n = 0; n < NB; ++n)
+      _mm512_storeu_ps(s + r * ls + n * kKeyBlock, _mm512_mul_ps(acc[r][n], sc));
 }
 
-// The attention row; always inlined into one wrapper per storage type so `f16` is a constant.
-// The accumulators hold 64 elements of the output at a time (the whole row for head_dim <= 64),
-// so V streams once per 64-wide slice with no stores in the inner loop.
-__attribute__((always_inline)) inline void attn_row(const float* q, const void* k, const void* v,
-                                                    int64_t n_kv, int64_t head_dim, float scale,
-                                                    float* scores, float* out, bool f16) {
-  const __m128 scale4 = _mm_set1_ps(scale);
-  int64_t j = 0;
-  // Four keys at a time: their four accumulators are reduced together (sum4), a quarter of the
-  // shuffles of four separate horizontal sums.
-  for (; j + 4 <= n_kv; j += 4) {
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-    __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-    for (int64_t i = 0; i < head_dim; i += 16) {
-      const __mmask16 m = lanes(head_dim - i);
-      const __m512 qv = _mm512_maskz_loadu_ps(m, q + i);
-      a0 = _mm512_fmadd_ps(qv, kv16(k, j * head_dim + i, m, f16), a0);
-      a1 = _mm512_fmadd_ps(qv, kv16(k, (j + 1) * head_dim + i, m, f16), a1);
-      a2 = _mm512_fmadd_ps(qv, kv16(k, (j + 2) * head_dim + i, m, f16), a2);
-      a3 = _mm512_fmadd_ps(qv, kv16(k, (j + 3) * head_dim + i, m, f16), a3);
+// For positions j in [j0, j1]: acc[r] += p[r * ls + j - base] v[j] over output elements
+// [i0, i0 + 16 C), masks m. With SOME, only the queries whose own range holds j add; a masked
+// multiply-add leaves the others' sums exactly as if j were skipped. Each V vector load feeds
+// RG multiply-adds; each sum is one chain over j in order.
+template <int RG, int C, bool F16, bool SOME>
+inline void weigh_range(__m512 (&acc)[RG][C], const Queries<RG>& g, const float* p, int64_t ls, int64_t base,
+                        const void* v, int64_t j0, int64_t j1, int64_t head_dim, int64_t i0,
+                        const __mmask16 (&m)[C]) {
+  for (int64_t j = j0; j <= j1; ++j) {
+    const int64_t at = j * head_dim + i0;
+    __m512 vv[C];
+    UNROLL for (int c = 0; c < C; ++c) {
+      vv[c] = kv16<F16>(v, at + 16 * c, m[c]);
+      __asm__("" : "+v"(vv[c]));  // one load for RG multiply-adds, as in score_blocks
     }
-    _mm_storeu_ps(scores + j, _mm_mul_ps(sum4(a0, a1, a2, a3), scale4));
-  }
-  for (; j < n_kv; ++j) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t i = 0; i < head_dim; i += 16) {
-      const __mmask16 m = lanes(head_dim - i);
-      acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + i), kv16(k, j * head_dim + i, m, f16), acc);
+    UNROLL for (int r = 0; r < RG; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r * ls + j - base]);
+      if (SOME) {
+        const __mmask16 on = j >= g.first[r] && j <= g.last[r] ? 0xffff : 0;
+        UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm512_mask3_fmadd_ps(pr, vv[c], acc[r][c], on);
+      } else {
+        UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(pr, vv[c], acc[r][c]);
+      }
     }
-    scores[j] = _mm512_reduce_add_ps(acc) * scale;
-  }
-  const __m512 inv = _mm512_set1_ps(1.0f / exp_shift_sum(scores, scores, n_kv, max_f32(scores, n_kv)));
-  for (int64_t i0 = 0; i0 < head_dim; i0 += 64) {
-    const __mmask16 m0 = lanes(head_dim - i0), m1 = lanes(head_dim - i0 - 16);
-    const __mmask16 m2 = lanes(head_dim - i0 - 32), m3 = lanes(head_dim - i0 - 48);
-    __m512 o0 = _mm512_setzero_ps(), o1 = _mm512_setzero_ps();
-    __m512 o2 = _mm512_setzero_ps(), o3 = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n_kv; ++j) {
-      const int64_t at = j * head_dim + i0;
-      const __m512 p = _mm512_set1_ps(scores[j]);
-      o0 = _mm512_fmadd_ps(p, kv16(v, at, m0, f16), o0);
-      if (m1) o1 = _mm512_fmadd_ps(p, kv16(v, at + 16, m1, f16), o1);
-      if (m2) o2 = _mm512_fmadd_ps(p, kv16(v, at + 32, m2, f16), o2);
-      if (m3) o3 = _mm512_fmadd_ps(p, kv16(v, at + 48, m3, f16), o3);
-    }
-    _mm512_mask_storeu_ps(out + i0, m0, _mm512_mul_ps(o0, inv));
-    _mm512_mask_storeu_ps(out + i0 + 16, m1, _mm512_mul_ps(o1, inv));
-    _mm512_mask_storeu_ps(out + i0 + 32, m2, _mm512_mul_ps(o2, inv));
-    _mm512_mask_storeu_ps(out + i0 + 48, m3, _mm512_mul_ps(o3, inv));
   }
 }
 
-void attn_row_f32_avx512(const float* q, const void* k, const void* v, int64_t n_kv, int64_t head_dim,
-                         float scale, float* scores, float* out) {
-  attn_row(q, k, v, n_kv, head_dim, scale, scores, out, false);
+// out[r][i0 .. i0 + 16 C) = inv[r] * sum over j in first[r]..last[r] of p[r * ls + j - base] v[j].
+// The positions all RG queries see go through the plain loop; rows of a tile that end (or,
+// with a window, start) at different positions leave a few at either end for the masked one.
+template <int RG, int C, bool F16>
+inline void weigh_values(const Queries<RG>& g, const float* p, int64_t ls, int64_t base, const void* v,
+                         int64_t head_dim, int64_t i0, const float* inv) {
+  __mmask16 m[C];
+  UNROLL for (int c = 0; c < C; ++c) m[c] = lanes(head_dim - i0 - 16 * c);
+  __m512 acc[RG][C];
+  UNROLL for (int r = 0; r < RG; ++r)
+    UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t lo = g.first[0], hi = g.last[0], all_lo = g.first[0], all_hi = g.last[0];
+  for (int r = 1; r < RG; ++r) {
+    lo = g.first[r] < lo ? g.first[r] : lo;
+    hi = g.last[r] > hi ? g.last[r] : hi;
+    all_lo = g.first[r] > all_lo ? g.first[r] : all_lo;
+    all_hi = g.last[r] < all_hi ? g.last[r] : all_hi;
+  }
+  if (all_lo > all_hi) all_lo = hi + 1, all_hi = hi;  // no position common to all
+  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, lo, all_lo - 1, head_dim, i0, m);
+  weigh_range<RG, C, F16, false>(acc, g, p, ls, base, v, all_lo, all_hi, head_dim, i0, m);
+  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, all_hi + 1, hi, head_dim, i0, m);
+  UNROLL for (int r = 0; r < RG; ++r) {
+    const __m512 iv = _mm512_set1_ps(inv[r]);
+    UNROLL for (int c = 0; c < C; ++c)
+      _mm512_mask_storeu_ps(g.out[r] + i0 + 16 * c, m[c], _mm512_mul_ps(acc[r][c], iv));
+  }
 }
 
-void attn_row_f16_avx512(const float* q, const void* k, const void* v, int64_t n_kv, int64_t head_dim,
-                         float scale, float* scores, float* out) {
-  attn_row(q, k, v, n_kv, head_dim, scale, scores, out, true);
+// RG queries of a tile, numbered from i0 row-major over (row, head) (see AttnTile): scores
+// over the tile's key blocks b0..b1, softmax over each query's own positions, then the
+// weighted sums of V, 64 output elements at a time. s: the group's rows of ls scores.
+template <int RG, bool F16>
+void attend(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, float* s, int64_t ls) {
+  const int64_t hd = t.head_dim;
+  Queries<RG> g;
+  for (int r = 0; r < RG; ++r) {
+    const int64_t row = (i0 + r) / t.n_heads, h = (i0 + r) % t.n_heads;
+    g.q[r] = t.q + row * t.q_stride + h * hd;
+    g.out[r] = t.out + row * t.out_stride + h * hd;
+    g.first[r] = attn_first(t, row);
+    g.last[r] = t.last + row;
+  }
+  // Enough blocks per pass for at least four independent chains (the multiply-add latency).
+  constexpr int NB = RG >= 3 ? 2 : 4;
+  const int64_t block_bytes = hd * kKeyBlock * (F16 ? 2 : 4);
+  const auto* kb = static_cast<const uint8_t*>(t.k) + b0 * block_bytes;
+  int64_t b = 0;  // blocks from b0; the last one comes from k_last
+  for (; b + NB <= b1 - b0; b += NB)
+    score_blocks<RG, NB, F16>(g, hd, kb + b * block_bytes, t.scale, s + b * kKeyBlock, ls);
+  for (; b < b1 - b0; ++b)
+    score_blocks<RG, 1, F16>(g, hd, kb + b * block_bytes, t.scale, s + b * kKeyBlock, ls);
+  score_blocks<RG, 1, F16>(g, hd, t.k_last, t.scale, s + b * kKeyBlock, ls);
+  const int64_t base = b0 * kKeyBlock;
+  float inv[RG];
+  for (int r = 0; r < RG; ++r) {
+    float* p = s + r * ls + g.first[r] - base;
+    const int64_t n = g.last[r] + 1 - g.first[r];
+    inv[r] = 1.0f / exp_shift_sum(p, p, n, max_f32(p, n));
+  }
+  for (int64_t i = 0; i < hd; i += 64) {
+    const int64_t rest = hd - i;
+    if (rest > 48) weigh_values<RG, 4, F16>(g, s, ls, base, t.v, hd, i, inv);
+    else if (rest > 32) weigh_values<RG, 3, F16>(g, s, ls, base, t.v, hd, i, inv);
+    else if (rest > 16) weigh_values<RG, 2, F16>(g, s, ls, base, t.v, hd, i, inv);
+    else weigh_values<RG, 1, F16>(g, s, ls, base, t.v, hd, i, inv);
+  }
+}
+
+// The tile's queries in register groups of at most four, as even as can be (nine: 3 + 3 + 3).
+template <bool F16>
+void attention_avx512(const AttnTile& t) {
+  const int64_t b0 = attn_first(t, 0) / kKeyBlock, b1 = (t.last + t.n_rows - 1) / kKeyBlock;
+  const int64_t ls = (b1 - b0 + 1) * kKeyBlock, n_q = t.n_rows * t.n_heads;
+  for (int64_t i = 0; i < n_q;) {
+    const int64_t left = n_q - i, n_groups = (left + 3) / 4, rg = (left + n_groups - 1) / n_groups;
+    float* s = t.scores + i * ls;
+    switch (rg) {
+      case 1: attend<1, F16>(t, i, b0, b1, s, ls); break;
+      case 2: attend<2, F16>(t, i, b0, b1, s, ls); break;
+      case 3: attend<3, F16>(t, i, b0, b1, s, ls); break;
+      default: attend<4, F16>(t, i, b0, b1, s, ls); break;
+    }
+    i += rg;
+  }
 }
 
 }  // namespace
@@ -256,8 +339,8 @@ void fill_ops_avx512(KernelTable& t) {
   t.add_f32 = add_f32_avx512;
   t.softmax_f32 = softmax_f32_avx512;
   t.f32_to_f16 = f32_to_f16_avx512;
-  t.attn_row[KV_F32] = attn_row_f32_avx512;
-  t.attn_row[KV_F16] = attn_row_f16_avx512;
+  t.attention[KV_F32] = attention_avx512<false>;
+  t.attention[KV_F16] = attention_avx512<true>;
 }
 
 }  // namespace pyinfer
