@@ -163,6 +163,7 @@ LlamaScratch::LlamaScratch(const LlamaConfig& c, int64_t rows) : n_rows(rows) {
   qkv.resize(R * (q_dim + 2 * kv_dim));
   attn.resize(R * q_dim);
   ffn.resize(R * 2 * c.n_ff);
+  act.resize(R * c.n_ff);
   pos.resize(R);
   ids.resize(R);
 }
@@ -208,6 +209,14 @@ void attention_segments(const std::vector<AttentionArgs>& args, int n_threads) {
   });
 }
 
+// Row-wise work of a forward pass (norms, RoPE, residual adds, SwiGLU: each row independent
+// of the others) on the pool, kRowGrain rows an item; a decode step's few rows run inline.
+constexpr int64_t kRowGrain = 32;
+template <class F>
+void rows(int n_threads, int64_t n_rows, const F& f) {
+  parallel_for(n_threads, n_rows, kRowGrain, [&](int64_t r0, int64_t r1, int) { f(r0, r1 - r0); });
+}
+
 // The forward pass over n_rows token rows (s.ids, s.pos set), cut into segments of one
 // sequence each, which it appends to their caches. logits[n_out][n_vocab] receives the rows
 // out_rows[].
@@ -223,6 +232,7 @@ void forward(const LlamaModel& model, const std::vector<Segment>& segs, int64_t 
   float* xn = s.xn.data();    // [n_rows][E] normed input of a block, then its output
   float* attn = s.attn.data();  // [n_rows][q_dim]
   float* ffn = s.ffn.data();    // [n_rows][2 * F]
+  float* act = s.act.data();    // [n_rows][F]
   std::vector<AttentionArgs> args(segs.size());
 
   embedding(W.tok_embd.data, W.tok_embd.type, c.n_vocab, E, s.ids.data(), n_rows, x);
@@ -230,7 +240,9 @@ void forward(const LlamaModel& model, const std::vector<Segment>& segs, int64_t 
     const LlamaLayerWeights& L = W.layers[il];
     // Attention block. Q, K, V rows: side by side in one [n_rows][q_dim + 2 * kv_dim] output
     // when fused, else three blocks [n_rows][q_dim], [n_rows][kv_dim], [n_rows][kv_dim].
-    rms_norm_rows(x, L.attn_norm, xn, n_rows, E, c.rms_eps);
+    if (il == 0) rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
+      rms_norm_rows(x + r0 * E, L.attn_norm, xn + r0 * E, n, E, c.rms_eps);
+    });
     float *q, *k, *v;
     int64_t qs, ks;
     if (mode == MatmulMode::fast && L.qkv.packed != nullptr) {
@@ -244,8 +256,10 @@ void forward(const LlamaModel& model, const std::vector<Segment>& segs, int64_t 
       LlamaModel::matmul(L.wk, xn, n_rows, k, mode, n_threads);
       LlamaModel::matmul(L.wv, xn, n_rows, v, mode, n_threads);
     }
-    kt.rope_f32(q, n_rows, qs, c.n_head, hd, s.pos.data(), c.rope_base, false);
-    kt.rope_f32(k, n_rows, ks, c.n_head_kv, hd, s.pos.data(), c.rope_base, false);
+    rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
+      kt.rope_f32(q + r0 * qs, n, qs, c.n_head, hd, s.pos.data() + r0, c.rope_base, false);
+      kt.rope_f32(k + r0 * ks, n, ks, c.n_head_kv, hd, s.pos.data() + r0, c.rope_base, false);
+    });
     for (size_t i = 0; i < segs.size(); ++i) {
       const Segment& g = segs[i];
       g.cache->append(il, k + g.row0 * ks, ks, v + g.row0 * ks, ks, g.pos, g.n);
@@ -254,22 +268,32 @@ void forward(const LlamaModel& model, const std::vector<Segment>& segs, int64_t 
     }
     attention_segments(args, n_threads);
     LlamaModel::matmul(L.wo, attn, n_rows, xn, mode, n_threads);
-    kt.add_f32(x, xn, x, n_rows * E);
-    // Feed-forward block; its activations end as [n_rows][F] at the start of ffn.
-    rms_norm_rows(x, L.ffn_norm, xn, n_rows, E, c.rms_eps);
-    if (mode == MatmulMode::fast && L.gate_up.packed != nullptr) {
-      LlamaModel::matmul(L.gate_up, xn, n_rows, ffn, mode, n_threads);  // [n_rows][gate F | up F]
-      // Row r's result lands at r * F, which for r >= 1 lies below row r's inputs (at 2rF) and
-      // only over rows already done; row 0 is in place.
-      for (int64_t r = 0; r < n_rows; ++r) kt.swiglu_f32(ffn + 2 * r * F, ffn + 2 * r * F + F, ffn + r * F, F);
+    // Residual, then the feed-forward block's norm, row by row.
+    rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
+      kt.add_f32(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
+      rms_norm_rows(x + r0 * E, L.ffn_norm, xn + r0 * E, n, E, c.rms_eps);
+    });
+    // Gate and up: side by side per row ([n_rows][gate F | up F]) when fused, else two blocks
+    // [n_rows][F]; silu(gate) * up goes to act [n_rows][F].
+    const bool fused = mode == MatmulMode::fast && L.gate_up.packed != nullptr;
+    const int64_t gs = fused ? 2 * F : F;
+    float* up = fused ? ffn + F : ffn + n_rows * F;
+    if (fused) {
+      LlamaModel::matmul(L.gate_up, xn, n_rows, ffn, mode, n_threads);
     } else {
-      float* up = ffn + n_rows * F;
       LlamaModel::matmul(L.gate, xn, n_rows, ffn, mode, n_threads);
       LlamaModel::matmul(L.up, xn, n_rows, up, mode, n_threads);
-      kt.swiglu_f32(ffn, up, ffn, n_rows * F);
     }
-    LlamaModel::matmul(L.down, ffn, n_rows, xn, mode, n_threads);
-    kt.add_f32(x, xn, x, n_rows * E);
+    rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
+      for (int64_t r = r0; r < r0 + n; ++r) kt.swiglu_f32(ffn + r * gs, up + r * gs, act + r * F, F);
+    });
+    LlamaModel::matmul(L.down, act, n_rows, xn, mode, n_threads);
+    // Residual, then the next layer's attention norm, row by row.
+    const float* next_norm = il + 1 < c.n_layer ? W.layers[il + 1].attn_norm : nullptr;
+    rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
+      kt.add_f32(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
+      if (next_norm != nullptr) rms_norm_rows(x + r0 * E, next_norm, xn + r0 * E, n, E, c.rms_eps);
+    });
   }
   // Output head, only for the rows whose logits are wanted.
   for (int64_t i = 0; i < n_out; ++i)

@@ -97,7 +97,8 @@ struct LlamaScratch {
   std::vector<float> x, xn;  // [n_rows][n_embd]: the residual stream; a block's normed input or output
   std::vector<float> qkv;    // [n_rows][q_dim + 2 * kv_dim]: Q, K, V side by side
   std::vector<float> attn;   // [n_rows][q_dim]
-  std::vector<float> ffn;    // [n_rows][2 * n_ff]: gate, up side by side; then silu(gate) * up
+  std::vector<float> ffn;    // [n_rows][2 * n_ff]: gate and up
+  std::vector<float> act;    // [n_rows][n_ff]: silu(gate) * up
   std::vector<int64_t> pos, ids;  // [n_rows]
 };
 
