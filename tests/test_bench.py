@@ -125,11 +125,62 @@ def test_batch_prefill_peers_formats(bench_out: Path, tiny: Path) -> None:
         assert 0 < r["ttft_s"] and len(r["ttft_s_samples"]) >= 2
     peers = _load(bench_out, "peers")
     assert {r["engine"] for r in peers["rows"]} == {"pyinfer", "pyinfer generate()"} and peers["ratios"] == []
+    assert [(r["engine"], r["threads"]) for r in peers["startup"]] == [("pyinfer", 1), ("pyinfer", 2)]
+    for r in peers["startup"]:
+        _check_startup_row(r)
+    assert peers["startup_ratios"] == [] and peers["startup_settings"]["page_cache"] == "warm"
+    assert "### Start-up" in (bench_out / "peers.md").read_text()
     formats = _load(bench_out, "formats")["rows"]
     assert [r["format"] for r in formats] == list(TARGET_TYPES)
     for r in formats:
         assert Path(r["path"]).name == derived_path(tiny, r["format"]).name  # in the cache's derived/
         assert r["max_rel_logit_error"] <= LOGIT_BOUND[r["format"]]
+
+
+def _check_startup_row(r: dict) -> None:
+    """A start-up row of pyinfer or a GGUF peer: load, memory and first-token measurements."""
+    for key in ("load_s", "ttft_s"):
+        samples = r[f"{key}_samples"]
+        assert len(samples) >= 2 and all(x > 0 for x in samples)
+        assert r[key] == pytest.approx(float(np.median(samples)))
+    assert r["rss_mb"] > 0 and r["peak_mb"] >= r["rss_mb"] - 1e-9 and r["prompt_tokens"] > 0
+    assert r["rss_mb"] == pytest.approx(r["import_mb"] + r["load_mb"] + r["eval_mb"])
+    marks = r["rss_marks"]
+    assert list(marks) == ["start", "import", "load", "eval"]
+    assert r["rss_mb"] == pytest.approx((marks["eval"]["VmRSS"] - marks["start"]["VmRSS"]) / 1e6)
+    if r["engine"] == "pyinfer":
+        assert r["repacked_mb"] >= 0
+
+
+def test_peers_startup_ratios(tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a peer there (pyinfer under llama.cpp's name, as CI has no llama-cpp-python), its
+    start-up rows are measured like pyinfer's and the ratios are pyinfer's over them."""
+    from pyinfer.bench import engines, studies
+    from pyinfer.bench.common import Settings
+
+    class Peer(engines.PyinferEngine):
+        def __init__(self, path: Path, n_threads: int, n_ctx: int) -> None:
+            super().__init__(path, n_threads, n_ctx)
+            self.name = "llama.cpp"
+
+    monkeypatch.setattr(studies, "peer_makers", lambda _: ([("llama.cpp", Peer)], {}))
+    as_pyinfer = {"pyinfer": "pyinfer", "llama.cpp": "pyinfer"}
+    monkeypatch.setattr(studies, "load_seconds", lambda e, *a: engines.load_seconds(as_pyinfer[e], *a))
+    monkeypatch.setattr(studies, "resident_memory", lambda e, *a: engines.resident_memory(as_pyinfer[e], *a))
+    monkeypatch.setenv("PYINFER_HOME", str(tmp_path))
+    rep, md = studies.study_peers(Settings(model=tiny, threads=[1], quick=True, out=tmp_path))
+    assert [r["engine"] for r in rep["startup"]] == ["pyinfer", "llama.cpp"]
+    for r in rep["startup"]:
+        _check_startup_row(r)
+    base, peer = rep["startup"]
+    (x,) = rep["startup_ratios"]
+    assert x["peer"] == "llama.cpp" and x["threads"] == 1
+    assert x["load_ratio"] == pytest.approx(base["load_s"] / peer["load_s"])
+    assert x["ttft_ratio"] == pytest.approx(base["ttft_s"] / peer["ttft_s"])
+    assert x["rss_ratio"] == pytest.approx(base["rss_mb"] / peer["rss_mb"])
+    assert x["rss_less_repacked_ratio"] == pytest.approx((base["rss_mb"] - base["repacked_mb"]) / peer["rss_mb"])
+    text = "\n".join(md)
+    assert "RSS less repacked" in text and ("(met)" in text or "(missed)" in text)
 
 
 def test_llama_bench_json_is_parsed() -> None:

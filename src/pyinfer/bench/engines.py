@@ -1,12 +1,18 @@
 """Engines timed side by side on one model: pyinfer, llama.cpp through llama-cpp-python,
 float32 transformers, and any llama-bench binary. pp: one prompt from an empty cache;
-tg: single-token steps from an empty cache (llama-bench's definitions), in tokens/s."""
+tg: single-token steps from an empty cache (llama-bench's definitions), in tokens/s. Start-up
+(pyinfer and llama-cpp-python): load time, resident memory of a fresh process, and time to
+the first token of a streamed chat request."""
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import subprocess
+import sys
 import time
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,6 +30,11 @@ class Engine:
 
     def tg(self, first: int, n: int) -> float:
         """Tokens/s of n single-token steps from an empty cache, each on the last's argmax."""
+        raise NotImplementedError
+
+    def ttft(self, messages: Sequence[dict[str, str]], max_tokens: int) -> float:
+        """Seconds from a streamed greedy chat request (rendered with the engine's own chat
+        template, from an empty cache) to its first chunk with text."""
         raise NotImplementedError
 
 
@@ -46,6 +57,19 @@ class PyinferEngine(Engine):
         for _ in range(n):
             tok = int(self.ctx.eval([tok]).argmax())
         return n / (time.perf_counter() - t)
+
+    def ttft(self, messages: Sequence[dict[str, str]], max_tokens: int) -> float:
+        # Model.chat starts every request on a reset context: no prefix is reused.
+        t = time.perf_counter()
+        chunks = self.model.chat(messages, stream=True, max_tokens=max_tokens, temperature=0)
+        assert isinstance(chunks, Generator)  # stream=True; closing it ends the generation
+        try:
+            for c in chunks:
+                if c.text:
+                    return time.perf_counter() - t
+        finally:
+            chunks.close()
+        raise RuntimeError(f"no text in the first {max_tokens} tokens of the reply")
 
     def generate_rate(self, n: int) -> float:
         """Decode tokens/s through Model.generate (sampling, stop checks, streaming text)."""
@@ -77,6 +101,23 @@ class LlamaCppEngine(Engine):
             tok = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
         return n / (time.perf_counter() - t)
 
+    def ttft(self, messages: Sequence[dict[str, str]], max_tokens: int) -> float:
+        # Llama.generate keeps the longest prefix the new prompt shares with the cached
+        # tokens (every chat request repeats the system turn); reset() empties that record,
+        # and no prompt cache (Llama.set_cache) is set, so each request evaluates it all.
+        self.llm.reset()
+        t = time.perf_counter()
+        chunks = self.llm.create_chat_completion(list(messages), stream=True, max_tokens=max_tokens,
+                                                 temperature=0)
+        try:
+            # The first chunk carries only the role, the content follows in later ones.
+            for c in chunks:
+                if c["choices"][0]["delta"].get("content"):
+                    return time.perf_counter() - t
+        finally:
+            chunks.close()
+        raise RuntimeError(f"no text in the first {max_tokens} tokens of the reply")
+
 
 class TransformersEngine(Engine):
     def __init__(self, path: Path, n_threads: int, n_ctx: int) -> None:
@@ -86,8 +127,12 @@ class TransformersEngine(Engine):
         self.name = "transformers"
         self.torch = torch
         torch.set_num_threads(n_threads)
+        t = time.perf_counter()
         self.model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                           torch_dtype=torch.float32).eval()
+        # Loading dequantizes the file to float32: timed once here, as the one cheap measure
+        # of its start-up (its chat and memory are not like for like with the GGUF engines).
+        self.load_s = time.perf_counter() - t
 
     def pp(self, ids: list[int]) -> float:
         with self.torch.inference_mode():
@@ -142,6 +187,103 @@ class LlamaBenchEngine(Engine):
 
     def tg(self, first: int, n: int) -> float:
         return self._run(0, n)
+
+
+# -- start-up ------------------------------------------------------------------------------
+
+# The engines whose start-up is measured, by the module each needs.
+STARTUP_MODULES = {"pyinfer": "pyinfer", "llama.cpp": "llama_cpp"}
+
+
+def load_seconds(engine: str, path: Path, n_threads: int, n_ctx: int) -> float:
+    """Seconds to construct the engine's model from `path` (released again before returning):
+    Model.load for pyinfer, Llama() for llama-cpp-python, each with its usual arguments."""
+    if engine == "pyinfer":
+        t = time.perf_counter()
+        m = Model.load(path, n_threads=n_threads, n_ctx=n_ctx)
+        dt = time.perf_counter() - t
+        del m
+    elif engine == "llama.cpp":
+        import llama_cpp
+
+        t = time.perf_counter()
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                              verbose=False)
+        dt = time.perf_counter() - t
+        llm.close()
+    else:
+        raise ValueError(f"no start-up measurement for {engine!r}")
+    gc.collect()
+    return dt
+
+
+# Run by a fresh interpreter for resident_memory(). It imports nothing but the engine it
+# measures (pyinfer stays out of a peer's process), reading its memory at each stage: Linux's
+# VmRSS (with its anonymous and file-backed parts) and VmHWM, or elsewhere the peak RSS
+# getrusage reports (bytes on macOS, KiB on the rest).
+_RSS_PROBE = r"""
+import json, sys
+
+def rss():
+    try:
+        with open("/proc/self/status") as f:
+            return {k: int(v.split()[0]) * 1024 for k, _, v in (line.partition(":") for line in f)
+                    if k in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}
+    except OSError:
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+        return {"VmRSS": peak, "VmHWM": peak}
+
+engine, path, n_threads, n_ctx, prompt = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+marks, out = {"start": rss()}, {}
+if engine == "pyinfer":
+    from pyinfer.model import Model
+    marks["import"] = rss()
+    m = Model.load(path, n_threads=n_threads, n_ctx=n_ctx)
+    marks["load"] = rss()
+    ids = m.tokenize(prompt)
+    m.context().eval(ids)
+    out["repacked_bytes"] = m.repacked_bytes
+else:
+    import llama_cpp
+    marks["import"] = rss()
+    llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                          verbose=False)
+    marks["load"] = rss()
+    ids = llm.tokenize(prompt.encode())
+    llm.eval(ids)
+marks["eval"] = rss()
+print(json.dumps({"marks": marks, "prompt_tokens": len(ids), **out}))
+"""
+
+
+def resident_memory(engine: str, path: Path, n_threads: int, n_ctx: int, prompt: str) -> dict[str, Any]:
+    """The RSS a fresh process gains importing the engine, loading the model and evaluating
+    `prompt`, in MB (1e6 bytes): rss_mb in all, import_mb, load_mb and eval_mb by stage,
+    anon_mb and file_mb (Linux: weights mapped from the file and touched count as file),
+    peak_mb over the start, and repacked_mb for pyinfer."""
+    if engine not in STARTUP_MODULES:
+        raise ValueError(f"no start-up measurement for {engine!r}")
+    r = subprocess.run([sys.executable, "-c", _RSS_PROBE, STARTUP_MODULES[engine], str(path), str(n_threads),
+                        str(n_ctx), prompt], capture_output=True, text=True, timeout=600, check=False,
+                       env=os.environ.copy())
+    if r.returncode != 0:
+        raise RuntimeError(f"memory probe failed ({r.returncode}): {r.stderr.strip()[-500:]}")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    mk = got["marks"]
+
+    def mb(a: str, b: str, key: str = "VmRSS") -> float:
+        return (mk[b][key] - mk[a][key]) / 1e6
+
+    out: dict[str, Any] = {"rss_mb": mb("start", "eval"), "import_mb": mb("start", "import"),
+                           "load_mb": mb("import", "load"), "eval_mb": mb("load", "eval"),
+                           "peak_mb": (mk["eval"]["VmHWM"] - mk["start"]["VmRSS"]) / 1e6,
+                           "prompt_tokens": got["prompt_tokens"], "rss_marks": mk}
+    if "RssAnon" in mk["start"]:
+        out["anon_mb"], out["file_mb"] = mb("start", "eval", "RssAnon"), mb("start", "eval", "RssFile")
+    if "repacked_bytes" in got:
+        out["repacked_mb"] = got["repacked_bytes"] / 1e6
+    return out
 
 
 def peer_makers(llama_bench: str | None) -> tuple[list[tuple[str, Callable[..., Engine]]], dict[str, str]]:

@@ -22,7 +22,14 @@ from pyinfer.bench.common import (
     table,
     timed_decode,
 )
-from pyinfer.bench.engines import Engine, PyinferEngine, peer_makers
+from pyinfer.bench.engines import (
+    STARTUP_MODULES,
+    Engine,
+    PyinferEngine,
+    load_seconds,
+    peer_makers,
+    resident_memory,
+)
 from pyinfer.bench.synthetic import PRESETS, synthetic_model
 from pyinfer.gguf import GGUFReader
 from pyinfer.model import Model
@@ -397,20 +404,99 @@ def study_model_size(s: Settings) -> Report:
 # -- peers ---------------------------------------------------------------------------------
 
 
+# The chat request of the time-to-first-token series: two turns, short as a typical first
+# message, so the prompt's evaluation (not the reply) is what is timed.
+CHAT = [{"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Name three planets in our solar system."}]
+# Start-up targets, pyinfer / llama-cpp-python: time to first token at most half, load no
+# slower, resident memory (less the repacked weights) no larger.
+STARTUP_TARGETS = {"ttft": 0.5, "load": 1.0, "rss_less_repacked": 1.0}
+# The context both engines are built with for the load and memory series (llama-cpp-python's
+# default): the KV cache it allocates is part of what each loads.
+STARTUP_N_CTX = 512
+# Tokens a first-token request may run to: it is closed at its first text.
+TTFT_MAX_TOKENS = 16
+
+
+def _startup(s: Settings, nt: int, names: list[str], reps: int, skipped: dict[str, str], prog: Progress
+             ) -> dict[str, dict[str, Any]]:
+    """Load-time and resident-memory measurements of the named engines at nt threads, each
+    engine's load alternating with the others' (the file is in the page cache after the first)."""
+    out: dict[str, dict[str, Any]] = {n: {"load_s_samples": []} for n in names}
+    live = list(names)
+    for i in range(reps + 1):
+        for name in list(live):
+            try:
+                dt = load_seconds(name, s.model, nt, STARTUP_N_CTX)
+            except Exception as ex:  # a peer that cannot load this model is reported, not fatal
+                skipped[f"{name} start-up"] = f"{type(ex).__name__}: {ex}"[:300]
+                live.remove(name)
+                del out[name]
+                continue
+            if i > 0:  # the first load of each warms the page cache and one-time setup
+                out[name]["load_s_samples"].append(dt)
+        prog.step(f"load {nt}t")
+    for name in live:
+        out[name]["load_s"] = median(out[name]["load_s_samples"])
+        try:
+            out[name].update(resident_memory(name, s.model, nt, STARTUP_N_CTX, CHAT[-1]["content"]))
+        except Exception as ex:
+            skipped[f"{name} memory"] = f"{type(ex).__name__}: {ex}"[:300]
+        prog.step(f"memory {name} {nt}t")
+    return out
+
+
+def _ttft(engines: list[Engine], nt: int, reps: int, skipped: dict[str, str], prog: Progress
+          ) -> dict[str, list[float]]:
+    """Time to first token of the CHAT request through each engine that streams chat,
+    alternating engines within each repeat, after one untimed request each."""
+    live = []
+    for e in engines:
+        if type(e).ttft is Engine.ttft:
+            continue
+        try:
+            e.ttft(CHAT, TTFT_MAX_TOKENS)
+            live.append(e)
+        except Exception as ex:  # reported, not fatal: a reply that starts with end-of-turn, say
+            skipped[f"{e.name} time to first token"] = f"{type(ex).__name__}: {ex}"[:300]
+    out: dict[str, list[float]] = {e.name: [] for e in live}
+    for _ in range(reps):
+        for e in live:
+            out[e.name].append(e.ttft(CHAT, TTFT_MAX_TOKENS))
+        prog.step(f"first token {nt}t")
+    return out
+
+
+def _ratio_cell(x: dict[str, Any], key: str, target: float | None = None) -> str:
+    if key not in x:
+        return "-"
+    return f"{x[key]:.2f}x" + ("" if target is None else " (met)" if x[key] <= target else " (missed)")
+
+
 def study_peers(s: Settings) -> Report:
     """pp and tg through pyinfer and every peer available, alternating engines within each
-    repeat; reported as pyinfer's speed over each peer's, measured side by side."""
+    repeat; reported as pyinfer's speed over each peer's, measured side by side. Beside them,
+    start-up against llama-cpp-python: load time, resident memory, time to first token."""
     pp, tg = (64, 16) if s.quick else (512, 128)
     makers, skipped = peer_makers(s.llama_bench) if s.peers else ([], {"all": "disabled"})
-    prog = Progress("peers", len(s.threads) * (s.repeats * (len(makers) + 1) + len(makers) + 1))
+    startup_names = ["pyinfer"] + [n for n, _ in makers if n in STARTUP_MODULES]
+    load_reps, ttft_reps = (2, 2) if s.quick else (5, 7)
+    prog = Progress("peers", len(s.threads) * (s.repeats * (len(makers) + 1) + len(makers) + 1
+                                               + load_reps + 1 + len(startup_names) + ttft_reps))
     rows: list[dict[str, Any]] = []
+    startup: list[dict[str, Any]] = []
     rng = np.random.default_rng(0)
+    # Room for the chat request too (its prompt is longer than pp in quick mode on a
+    # byte-level synthetic model); the size of the cache does not change pp or tg.
+    n_ctx = max(pp + tg + 8, STARTUP_N_CTX)
     for nt in s.threads:
-        engines: list[Engine] = [PyinferEngine(s.model, nt, pp + tg + 8)]
+        # Before the engines below are built, so no loaded model shares the memory.
+        measured = _startup(s, nt, startup_names, load_reps, skipped, prog)
+        engines: list[Engine] = [PyinferEngine(s.model, nt, n_ctx)]
         prompt = [int(t) for t in rng.integers(min(100, engines[0].model.n_vocab // 4), engines[0].model.n_vocab, pp)]
         for name, mk in makers:
             try:
-                e = mk(s.model, nt, pp + tg + 8)
+                e = mk(s.model, nt, n_ctx)
                 e.pp(prompt[:16])  # validate it runs, and warm up
                 e.tg(prompt[0], 4)
                 engines.append(e)
@@ -437,6 +523,17 @@ def study_peers(s: Settings) -> Report:
         bare = rows[-len(engines)]["tg"]
         rows.append({"engine": "pyinfer generate()", "threads": nt, "tg": median(gen), "tg_samples": gen,
                      "loop_overhead": 1 - median(gen) / bare})
+        first = _ttft(engines, nt, ttft_reps, skipped, prog)
+        built = {e.name: e for e in engines}
+        for name in [*measured, *(n for n in built if n not in measured)]:
+            row = dict(measured.get(name, {}))
+            once = getattr(built[name], "load_s", None)
+            if name not in measured and once is not None:
+                row = {"load_s": once, "load_s_samples": [once]}
+            if name in first:
+                row.update(ttft_s=median(first[name]), ttft_s_samples=first[name])
+            if row:
+                startup.append({"engine": name, "threads": nt, **row})
         del engines
     ratios = []
     for r in rows:
@@ -444,6 +541,22 @@ def study_peers(s: Settings) -> Report:
         if r["engine"] not in ("pyinfer", "pyinfer generate()"):
             ratios.append({"peer": r["engine"], "threads": r["threads"], "pp_ratio": base["pp"] / r["pp"],
                            "tg_ratio": base["tg"] / r["tg"]})
+    # Start-up ratios are pyinfer's time or memory over the peer's: below 1, pyinfer is
+    # faster or smaller. Memory is also compared less the repacked weights, the copy pyinfer
+    # makes on purpose (the rest of the file stays mapped).
+    ours = {r["threads"]: r for r in startup if r["engine"] == "pyinfer"}
+    startup_ratios = []
+    for r in startup:
+        mine = ours.get(r["threads"])
+        if mine is None or r["engine"] == "pyinfer":
+            continue
+        x: dict[str, Any] = {"peer": r["engine"], "threads": r["threads"]}
+        for key in ("load_s", "ttft_s", "rss_mb"):
+            if key in r and key in mine:
+                x[key.rsplit("_", 1)[0] + "_ratio"] = mine[key] / r[key]
+        if "rss_mb" in r and "rss_mb" in mine:
+            x["rss_less_repacked_ratio"] = (mine["rss_mb"] - mine.get("repacked_mb", 0.0)) / r["rss_mb"]
+        startup_ratios.append(x)
     md = ["## Peers", "", f"pp{pp}: one {pp}-token prompt from an empty cache; tg{tg}: {tg} single-token steps. "
           "Engines alternate within each repeat; ratios are pyinfer's tokens/s over the peer's "
           "(above 1: pyinfer is faster).", ""]
@@ -452,9 +565,44 @@ def study_peers(s: Settings) -> Report:
     if ratios:
         md += [""] + table(["peer", "threads", f"pp{pp} pyinfer / peer", f"tg{tg} pyinfer / peer"],
                            [[x["peer"], x["threads"], f"{x['pp_ratio']:.2f}x", f"{x['tg_ratio']:.2f}x"] for x in ratios])
+    md += ["", "### Start-up", "",
+           f"Load: median of {load_reps} loads each (`Model.load(path, n_threads=t, n_ctx={STARTUP_N_CTX})`, "
+           f"`Llama(model_path=path, n_threads=t, n_ctx={STARTUP_N_CTX}, verbose=False)`), engines alternating, "
+           "after one untimed load each: the file is already in the page cache (a cold start adds the disk "
+           "read to both). Transformers, if there, loaded once (dequantizing to float32). "
+           "RSS: what a fresh process gains importing the engine, loading the model and evaluating a short "
+           "prompt (VmRSS; the weights it maps and touches count as file-backed); pyinfer's repacked weights "
+           "are part of it. First token: a system + user chat "
+           f"(\"{CHAT[-1]['content']}\") rendered with each engine's own template, streamed at temperature 0, "
+           "from the call to the first chunk with text, from an empty cache each time (llama-cpp-python: "
+           f"`reset()` first, no prompt cache); median of {ttft_reps}.", ""]
+
+    def cell(r: dict[str, Any], key: str, scale: float, fmt: str) -> str:
+        return format(r[key] * scale, fmt) if key in r else "-"
+
+    md += table(["engine", "threads", "load ms", "RSS MB", "anon + file MB", "repacked MB", "first token ms"],
+                [[r["engine"], r["threads"], cell(r, "load_s", 1e3, ".1f"), cell(r, "rss_mb", 1, ".0f"),
+                  f"{r['anon_mb']:.0f} + {r['file_mb']:.0f}" if "anon_mb" in r else "-",
+                  cell(r, "repacked_mb", 1, ".1f"), cell(r, "ttft_s", 1e3, ".1f")] for r in startup])
+    if startup_ratios:
+        md += ["", "Pyinfer's time or memory over the peer's (below 1: pyinfer is faster or smaller); "
+               f"targets against llama.cpp: load at most {STARTUP_TARGETS['load']:.0f}x, RSS less the repacked "
+               f"weights at most {STARTUP_TARGETS['rss_less_repacked']:.0f}x, first token at most "
+               f"{STARTUP_TARGETS['ttft']}x.", ""]
+        md += table(["peer", "threads", "load", "RSS", "RSS less repacked", "first token"],
+                    [[x["peer"], x["threads"]] + [
+                        _ratio_cell(x, k, STARTUP_TARGETS[t] if x["peer"] == "llama.cpp" and t else None)
+                        for k, t in (("load_ratio", "load"), ("rss_ratio", None),
+                                     ("rss_less_repacked_ratio", "rss_less_repacked"), ("ttft_ratio", "ttft"))]
+                     for x in startup_ratios])
     if skipped:
         md += [""] + [f"- {k} skipped: {v}" for k, v in skipped.items()]
     return {"study": "peers", "pp_tokens": pp, "tg_tokens": tg, "rows": rows, "ratios": ratios,
+            "startup": startup, "startup_ratios": startup_ratios,
+            "startup_settings": {"n_ctx": STARTUP_N_CTX, "load_repeats": load_reps, "ttft_repeats": ttft_reps,
+                                 "chat": CHAT, "ttft_max_tokens": TTFT_MAX_TOKENS,
+                                 "memory_prompt": CHAT[-1]["content"],
+                                 "page_cache": "warm", "targets": STARTUP_TARGETS},
             "skipped": skipped}, md
 
 

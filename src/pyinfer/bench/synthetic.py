@@ -59,6 +59,10 @@ PRESETS: dict[str, Shape] = {
 }
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}<|endoftext|>{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
 def _tokenizer_tokens(n_vocab: int) -> list[str]:
     """A byte-level vocabulary with no merges: 256 byte tokens, an end-of-text token, and
     placeholders up to n_vocab, so text round-trips and generate() runs."""
@@ -82,7 +86,8 @@ def _random_matrix(rng: np.random.Generator, rows: int, cols: int, ggml_type: GG
 def write_synthetic_llama(path: str | os.PathLike[str], shape: Shape | str,
                           ggml_type: GGMLType = GGMLType.Q4_1, seed: int = 0) -> Path:
     """Write a llama GGUF of `shape` (a Shape or a PRESETS name) with random weights in
-    `ggml_type` (norms in F32), a separate output head and a byte-level tokenizer."""
+    `ggml_type` (norms in F32), a separate output head, a byte-level tokenizer and a chat
+    template."""
     s = PRESETS[shape] if isinstance(shape, str) else shape
     rng = np.random.default_rng(seed)
     path = Path(path)
@@ -107,6 +112,9 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: Shape | str,
     w.add("tokenizer.ggml.bos_token_id", 256, ValueType.UINT32)
     w.add("tokenizer.ggml.eos_token_id", 256, ValueType.UINT32)
     w.add("tokenizer.ggml.add_bos_token", False, ValueType.BOOL)
+    # Turns ended by the one control token, so Model.chat() (the peers study's time to first
+    # token) runs on these models too.
+    w.add("tokenizer.chat_template", CHAT_TEMPLATE)
     for name, (rows, cols) in s.matrices().items():
         w.add_raw_tensor(name, _random_matrix(rng, rows, cols, ggml_type), (cols, rows), ggml_type)
     for i in range(s.n_layer):
