@@ -123,16 +123,7 @@ int64_t packed_bytes(uint32_t w_type, int64_t N, int64_t K) {
 
 namespace {
 
-// Copies between one row's block (as stored) and its place in a 16-row group-block.
-void block_to_group(uint32_t type, const uint8_t* blk, int r, uint8_t* gb) {
-  std::memcpy(gb + 2 * r, blk, 2);                                // d
-  if (type == GGML_Q4_1) std::memcpy(gb + 32 + 2 * r, blk + 2, 2);  // m
-  const uint8_t* q = blk + (type == GGML_Q4_1 ? 4 : 2);
-  const int nq = type == GGML_Q8_0 ? 32 : 16;
-  for (int j = 0; j < nq; ++j)
-    gb[packed_quant_byte(type, r, j)] = type == GGML_Q8_0 ? static_cast<uint8_t>(q[j] ^ 0x80) : q[j];
-}
-
+// Copies one row's block back from its place in a 16-row group-block.
 void group_to_block(uint32_t type, const uint8_t* gb, int r, uint8_t* blk) {
   std::memcpy(blk, gb + 2 * r, 2);
   if (type == GGML_Q4_1) std::memcpy(blk + 2, gb + 32 + 2 * r, 2);
@@ -157,23 +148,37 @@ void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed
   check_packable(w_type, N, K);
   const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / 32;
   const int bb = packed_block_bytes(w_type);
-  const int64_t total = packed_bytes(w_type, N, K);
+  const int qo = packed_quants_offset(w_type);
+  const int q_in = w_type == GGML_Q4_1 ? 4 : 2;       // quants' offset in a stored block
+  const int n_col = w_type == GGML_Q8_0 ? 8 : 4;       // 4-byte quant columns per block
+  const uint32_t flip = w_type == GGML_Q8_0 ? 0x80808080u : 0;  // Q8_0: q + 128 as unsigned
+  const int64_t n_groups = (N + kPackRows - 1) / kPackRows;
   auto* out = static_cast<uint8_t*>(packed);
-  std::memset(out, 0, static_cast<size_t>(total));
-  for (int64_t n = 0; n < N; ++n) {
-    const uint8_t* row = static_cast<const uint8_t*>(w) + n * row_bytes;
-    uint8_t* group = out + (n / kPackRows) * kPackRows * row_bytes;
-    for (int64_t ib = 0; ib < nb; ++ib)
-      block_to_group(w_type, row + ib * bb, static_cast<int>(n % kPackRows), group + ib * kPackRows * bb);
-  }
-  // Padding rows: zero scales, and Q8_0 quants of 0 (stored as 128).
-  if (w_type == GGML_Q8_0)
-    for (int64_t n = N; n < (N + kPackRows - 1) / kPackRows * kPackRows; ++n) {
-      uint8_t* group = out + (n / kPackRows) * kPackRows * row_bytes;
-      for (int64_t ib = 0; ib < nb; ++ib)
-        for (int j = 0; j < 32; ++j)
-          group[ib * kPackRows * bb + packed_quant_byte(w_type, static_cast<int>(n % kPackRows), j)] = 0x80;
+  for (int64_t g = 0; g < n_groups; ++g) {
+    uint8_t* group = out + g * kPackRows * row_bytes;
+    const int rows = N - g * kPackRows < kPackRows ? static_cast<int>(N - g * kPackRows) : kPackRows;
+    // Padding rows of the last group: zero scales and quants that stand for 0.
+    if (rows < kPackRows) std::memset(group, 0, static_cast<size_t>(kPackRows * row_bytes));
+    for (int r = 0; r < kPackRows; ++r) {
+      const bool real = r < rows;
+      const uint8_t* row = static_cast<const uint8_t*>(w) + (g * kPackRows + r) * row_bytes;
+      for (int64_t ib = 0; ib < nb; ++ib) {
+        uint8_t* gb = group + ib * kPackRows * bb;
+        const uint8_t* blk = row + ib * bb;
+        if (real) {
+          std::memcpy(gb + 2 * r, blk, 2);                                   // d
+          if (w_type == GGML_Q4_1) std::memcpy(gb + 32 + 2 * r, blk + 2, 2);  // m
+        }
+        // Quant bytes 4c..4c+3 of row r go to column c at 4r (packed16.h), whole words.
+        for (int c = 0; c < n_col; ++c) {
+          uint32_t v = 0;
+          if (real) std::memcpy(&v, blk + q_in + 4 * c, 4);
+          v ^= flip;
+          if (real || flip != 0) std::memcpy(gb + qo + 64 * c + 4 * r, &v, 4);
+        }
+      }
     }
+  }
 }
 
 void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w) {
