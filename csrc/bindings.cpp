@@ -262,7 +262,9 @@ py::array rope_py(py::array x, py::object pos, int64_t n_heads, int64_t head_dim
   float* xp = static_cast<float*>(x.mutable_data());
   {
     py::gil_scoped_release release;
-    kernels().rope_f32(xp, m, width, n_heads, head_dim, positions.data(), base, neox);
+    std::vector<float> cos_sin(static_cast<size_t>(m * head_dim));
+    rope_table(positions.data(), m, head_dim, base, cos_sin.data());
+    kernels().rope_f32(xp, m, width, n_heads, head_dim, cos_sin.data(), neox);
   }
   return x;
 }

@@ -22,11 +22,13 @@ using ReadSumFn = uint64_t (*)(const void* src, size_t n_bytes);
 // out[n] = x[n] / sqrt(mean(x^2) + eps) * w[n]; out may be x.
 using RmsNormFn = void (*)(const float* x, const float* w, float* out, int64_t n, float eps);
 // In place, x[n_rows][row_stride] holding n_heads heads of head_dim (even, <= kRopeMaxDim)
-// each: row r rotated for position pos[r], theta_i = pos * base^(-2i/head_dim). Pairs are
+// each: row r rotated by the angles theta_i of its position, given as
+// cos_sin[r][head_dim] = (cos theta_0 .. cos theta_{half-1}, sin theta_0 .. sin theta_{half-1})
+// (rope_table in ops.h computes them once for every layer of a forward pass). Pairs are
 // (2i, 2i+1) (llama.cpp's normal mode, what llama-arch GGUFs expect) or, with neox,
 // (i, i + head_dim/2).
 using RopeFn = void (*)(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads,
-                        int64_t head_dim, const int64_t* pos, float base, bool neox);
+                        int64_t head_dim, const float* cos_sin, bool neox);
 // out[n] = silu(gate) * up; out may alias either input.
 using SwigluFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
 // out[n] = a + b; out may alias either input.

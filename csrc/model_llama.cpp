@@ -164,6 +164,7 @@ LlamaScratch::LlamaScratch(const LlamaConfig& c, int64_t rows) : n_rows(rows) {
   attn.resize(R * q_dim);
   ffn.resize(R * 2 * c.n_ff);
   act.resize(R * c.n_ff);
+  rope.resize(R * c.head_dim);
   pos.resize(R);
   ids.resize(R);
 }
@@ -236,6 +237,11 @@ void forward(const LlamaModel& model, const std::vector<Segment>& segs, int64_t 
   std::vector<AttentionArgs> args(segs.size());
 
   embedding(W.tok_embd.data, W.tok_embd.type, c.n_vocab, E, s.ids.data(), n_rows, x);
+  // RoPE's cos and sin for each row's position, once for every layer.
+  float* cos_sin = s.rope.data();  // [n_rows][hd]
+  rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
+    rope_table(s.pos.data() + r0, n, hd, c.rope_base, cos_sin + r0 * hd);
+  });
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const LlamaLayerWeights& L = W.layers[il];
     // Attention block. Q, K, V rows: side by side in one [n_rows][q_dim + 2 * kv_dim] output
@@ -257,8 +263,8 @@ void forward(const LlamaModel& model, const std::vector<Segment>& segs, int64_t 
       LlamaModel::matmul(L.wv, xn, n_rows, v, mode, n_threads);
     }
     rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      kt.rope_f32(q + r0 * qs, n, qs, c.n_head, hd, s.pos.data() + r0, c.rope_base, false);
-      kt.rope_f32(k + r0 * ks, n, ks, c.n_head_kv, hd, s.pos.data() + r0, c.rope_base, false);
+      kt.rope_f32(q + r0 * qs, n, qs, c.n_head, hd, cos_sin + r0 * hd, false);
+      kt.rope_f32(k + r0 * ks, n, ks, c.n_head_kv, hd, cos_sin + r0 * hd, false);
     });
     for (size_t i = 0; i < segs.size(); ++i) {
       const Segment& g = segs[i];

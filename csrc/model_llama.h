@@ -99,6 +99,7 @@ struct LlamaScratch {
   std::vector<float> attn;   // [n_rows][q_dim]
   std::vector<float> ffn;    // [n_rows][2 * n_ff]: gate and up
   std::vector<float> act;    // [n_rows][n_ff]: silu(gate) * up
+  std::vector<float> rope;   // [n_rows][head_dim]: cos, sin of RoPE's angles (rope_table)
   std::vector<int64_t> pos, ids;  // [n_rows]
 };
 

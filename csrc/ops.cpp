@@ -5,12 +5,20 @@
 #include <string>
 
 #include "dispatch.h"
+#include "kernels/rope_angles.h"
 
 namespace pyinfer {
 
 void rms_norm_rows(const float* x, const float* w, float* out, int64_t n_rows, int64_t n, float eps) {
   const RmsNormFn fn = kernels().rms_norm_f32;
   for (int64_t r = 0; r < n_rows; ++r) fn(x + r * n, w, out + r * n, n, eps);
+}
+
+void rope_table(const int64_t* pos, int64_t n_rows, int64_t head_dim, float base, float* cos_sin) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* c = cos_sin + r * head_dim;
+    rope_cos_sin(pos[r], head_dim, base, c, c + head_dim / 2);
+  }
 }
 
 void softmax_rows(const float* x, float* out, int64_t n_rows, int64_t n) {

@@ -9,7 +9,6 @@
 
 #include "dispatch.h"
 #include "half.h"
-#include "kernels/rope_angles.h"
 
 namespace pyinfer {
 namespace {
@@ -22,11 +21,11 @@ void rms_norm_f32_ref(const float* x, const float* w, float* out, int64_t n, flo
 }
 
 void rope_f32_ref(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
-                  const int64_t* pos, float base, bool neox) {
+                  const float* cos_sin, bool neox) {
   const int64_t half = head_dim / 2;
-  float c[kRopeMaxDim / 2], s[kRopeMaxDim / 2];
   for (int64_t r = 0; r < n_rows; ++r) {
-    rope_cos_sin(pos[r], head_dim, base, c, s);
+    const float* c = cos_sin + r * head_dim;
+    const float* s = c + half;
     for (int64_t h = 0; h < n_heads; ++h) {
       float* v = x + r * row_stride + h * head_dim;
       for (int64_t i = 0; i < half; ++i) {

@@ -9,7 +9,6 @@
 
 #include "dispatch.h"
 #include "half.h"
-#include "kernels/rope_angles.h"
 
 namespace pyinfer {
 namespace {
@@ -82,14 +81,14 @@ void rms_norm_f32_avx2(const float* x, const float* w, float* out, int64_t n, fl
 }
 
 void rope_f32_avx2(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
-                   const int64_t* pos, float base, bool neox) {
+                   const float* cos_sin, bool neox) {
   const int64_t half = head_dim / 2;
-  float c[kRopeMaxDim / 2], s[kRopeMaxDim / 2];
   // Normal mode, per element of a head: cc = (c0, c0, c1, c1, ...), ss = (-s0, s0, -s1, s1, ...),
   // so out = x * cc + swap_pairs(x) * ss gives (a c - b s, b c + a s) as the scalar code does.
   float cc[kRopeMaxDim], ss[kRopeMaxDim];
   for (int64_t r = 0; r < n_rows; ++r) {
-    rope_cos_sin(pos[r], head_dim, base, c, s);
+    const float* c = cos_sin + r * head_dim;
+    const float* s = c + half;
     if (!neox) {
       for (int64_t i = 0; i < half; ++i) {
         cc[2 * i] = c[i];
