@@ -1,6 +1,7 @@
 // matmul.cpp: splits a matmul over the thread pool and feeds the active ISA's row kernels.
 #include "matmul.h"
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -46,17 +47,35 @@ int64_t matmul_row_bytes(uint32_t w_type, int64_t K) {
   return K / ts.block_elems * ts.block_bytes;
 }
 
-// Fast mode's activations: each row of x[M, K] quantized once to K/32 blocks, rows split
-// over the threads.
-static std::vector<block_q8a> quantize_rows(const KernelTable& kt, const float* x, int64_t M, int64_t K,
-                                     int n_threads) {
-  const int64_t nb = K / QK8_A;
-  std::vector<block_q8a> xq(static_cast<size_t>(M * nb));
-  parallel_for(n_threads, M, 8, [&](int64_t m0, int64_t m1, int) {
-    for (int64_t m = m0; m < m1; ++m) kt.quantize_act(x + m * K, xq.data() + m * nb, K);
+namespace {
+
+// Splits W's N rows over the threads (chunks of row_chunk rows), each chunk taking the
+// activation rows kRowsM at a time: call(n0, n1, m0, mc) for W rows [n0, n1) and activation
+// rows [m0, m0 + mc).
+template <class Call>
+void over_chunks(int n_threads, int64_t M, int64_t N, const Call& call) {
+  parallel_for(n_threads, N, row_chunk(N, n_threads), [&](int64_t n0, int64_t n1, int) {
+    for (int64_t m0 = 0; m0 < M; m0 += kRowsM) call(n0, n1, m0, M - m0 < kRowsM ? M - m0 : kRowsM);
   });
-  return xq;
 }
+
+// Fast mode on either layout: each row of x[M, K] quantized once to K/32 blocks (rows split
+// over the threads), then fn on each chunk of W, whose data for row n0 starts at w_at(n0).
+template <class WAt>
+void matmul_fast_rows(const KernelTable& kt, MatmulFastFn fn, const WAt& w_at, int64_t row_bytes, const float* x,
+                      int64_t M, int64_t K, int64_t N, float* y, int n_threads) {
+  const int64_t nb = K / QK8_A;
+  // Not zeroed: quantize_act writes every field of every block.
+  const std::unique_ptr<block_q8a[]> xq(new block_q8a[static_cast<size_t>(M * nb)]);  // [M, K/32]
+  parallel_for(n_threads, M, 8, [&](int64_t m0, int64_t m1, int) {
+    for (int64_t m = m0; m < m1; ++m) kt.quantize_act(x + m * K, xq.get() + m * nb, K);
+  });
+  over_chunks(n_threads, M, N, [&](int64_t n0, int64_t n1, int64_t m0, int64_t mc) {
+    fn(w_at(n0), row_bytes, xq.get() + m0 * nb, mc, K, n1 - n0, y + m0 * N + n0, N);
+  });
+}
+
+}  // namespace
 
 void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type, int64_t N,
             float* y, MatmulMode mode, int n_threads) {
@@ -74,25 +93,15 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
   const int64_t chunk = row_chunk(N, n_threads);
 
   if (mode == MatmulMode::fast && kt.matmul_fast[w_type] != nullptr) {
-    const MatmulFastFn fn = kt.matmul_fast[w_type];
-    const int64_t nb = K / QK8_A;
-    const std::vector<block_q8a> xq = quantize_rows(kt, x, M, K, n_threads);  // [M, K/32]
-    parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
-      for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
-        const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;
-        fn(wb + n0 * row_bytes, row_bytes, xq.data() + m0 * nb, mc, K, n1 - n0, y + m0 * N + n0, N);
-      }
-    });
+    matmul_fast_rows(kt, kt.matmul_fast[w_type], [&](int64_t n0) { return wb + n0 * row_bytes; }, row_bytes, x, M, K,
+                     N, y, n_threads);
     return;
   }
 
   if (kt.matmul_exact[w_type] != nullptr) {
     const MatmulExactFn fn = kt.matmul_exact[w_type];
-    parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
-      for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
-        const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;
-        fn(wb + n0 * row_bytes, row_bytes, x + m0 * K, mc, K, n1 - n0, y + m0 * N + n0, N);
-      }
+    over_chunks(n_threads, M, N, [&](int64_t n0, int64_t n1, int64_t m0, int64_t mc) {
+      fn(wb + n0 * row_bytes, row_bytes, x + m0 * K, mc, K, n1 - n0, y + m0 * N + n0, N);
     });
     return;
   }
@@ -206,16 +215,8 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   const int64_t chunk = row_chunk(N, n_threads);  // a multiple of kPackRows
 
   if (mode == MatmulMode::fast) {
-    const MatmulFastFn fn = kt.matmul_fast_packed[w_type];
-    const int64_t nb = K / QK8_A;
-    const std::vector<block_q8a> xq = quantize_rows(kt, x, M, K, n_threads);  // [M, K/32]
-    parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
-      for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
-        const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;
-        fn(wp + n0 / kPackRows * group_bytes, row_bytes, xq.data() + m0 * nb, mc, K, n1 - n0,
-           y + m0 * N + n0, N);
-      }
-    });
+    matmul_fast_rows(kt, kt.matmul_fast_packed[w_type], [&](int64_t n0) { return wp + n0 / kPackRows * group_bytes; },
+                     row_bytes, x, M, K, N, y, n_threads);
     return;
   }
   // Exact mode: unpack a group to blocks as stored, dequantize, multiply as float32 rows, as
