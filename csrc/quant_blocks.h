@@ -76,6 +76,14 @@ struct block_q6_K {
 };
 static_assert(sizeof(block_q6_K) == 210, "q6_K block size");
 
+// Quant j (0..31) of a Q8_0, Q4_0 or Q4_1 block as stored: Q8_0's signed byte, Q4's nibble
+// (0..15; Q4_0's offset of 8 still in it). static inline: every ISA's file keeps its own copy.
+static inline int stored_quant(uint32_t type, const uint8_t* blk, int j) {
+  if (type == GGML_Q8_0) return static_cast<int8_t>(blk[2 + j]);
+  const uint8_t b = blk[(type == GGML_Q4_1 ? 4 : 2) + j % 16];
+  return j < 16 ? (b & 0x0f) : (b >> 4);
+}
+
 // Elements per block and bytes per block of a type; {0, 0} for types pyinfer cannot hold.
 struct TypeSize {
   int64_t block_elems;

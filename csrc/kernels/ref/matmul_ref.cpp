@@ -81,115 +81,55 @@ PYINFER_EXACT_REF(matmul_bf16_f32_ref, load_bf16)
 
 // ---- fast mode: integer dot products per block ---------------------------------------------
 
-void matmul_q8_0_q8_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M,
-                        int64_t K, int64_t n_rows, float* y, int64_t ldy) {
-  const int64_t nb = K / QK8_0;
-  for (int64_t n = 0; n < n_rows; ++n) {
-    const auto* wb = reinterpret_cast<const block_q8_0*>(static_cast<const uint8_t*>(w) + n * w_row_bytes);
-    for (int64_t m = 0; m < M; ++m) {
-      const block_q8a* xb = xq + m * nb;
-      float acc = 0.0f;
-      for (int64_t ib = 0; ib < nb; ++ib) {
-        int32_t isum = 0;
-        for (int j = 0; j < QK8_0; ++j) isum += wb[ib].qs[j] * act_at(xb[ib], j);
-        acc += (fp16_to_f32(load_u16_le(&wb[ib].d)) * xb[ib].d) * static_cast<float>(isum);
-      }
-      y[m * ldy + n] = acc;
-    }
-  }
-}
-
-void matmul_q4_0_q8_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M,
-                        int64_t K, int64_t n_rows, float* y, int64_t ldy) {
-  const int64_t nb = K / QK4_0;
-  for (int64_t n = 0; n < n_rows; ++n) {
-    const auto* wb = reinterpret_cast<const block_q4_0*>(static_cast<const uint8_t*>(w) + n * w_row_bytes);
-    for (int64_t m = 0; m < M; ++m) {
-      const block_q8a* xb = xq + m * nb;
-      float acc = 0.0f;
-      for (int64_t ib = 0; ib < nb; ++ib) {
-        int32_t isum = 0;
-        for (int j = 0; j < QK4_0 / 2; ++j) {
-          isum += ((wb[ib].qs[j] & 0x0f) - 8) * act_at(xb[ib], j);
-          isum += ((wb[ib].qs[j] >> 4) - 8) * act_at(xb[ib], j + QK4_0 / 2);
-        }
-        acc += (fp16_to_f32(load_u16_le(&wb[ib].d)) * xb[ib].d) * static_cast<float>(isum);
-      }
-      y[m * ldy + n] = acc;
-    }
-  }
-}
-
-void matmul_q4_1_q8_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M,
-                        int64_t K, int64_t n_rows, float* y, int64_t ldy) {
-  const int64_t nb = K / QK4_1;
-  for (int64_t n = 0; n < n_rows; ++n) {
-    const auto* wb = reinterpret_cast<const block_q4_1*>(static_cast<const uint8_t*>(w) + n * w_row_bytes);
-    for (int64_t m = 0; m < M; ++m) {
-      const block_q8a* xb = xq + m * nb;
-      float acc = 0.0f, acc_min = 0.0f;
-      for (int64_t ib = 0; ib < nb; ++ib) {
-        int32_t isum = 0;
-        for (int j = 0; j < QK4_1 / 2; ++j) {
-          isum += (wb[ib].qs[j] & 0x0f) * act_at(xb[ib], j);
-          isum += (wb[ib].qs[j] >> 4) * act_at(xb[ib], j + QK4_1 / 2);
-        }
-        acc += (fp16_to_f32(load_u16_le(&wb[ib].d)) * xb[ib].d) * static_cast<float>(isum);
-        acc_min += fp16_to_f32(load_u16_le(&wb[ib].m)) * (xb[ib].d * static_cast<float>(xb[ib].sum));
-      }
-      y[m * ldy + n] = acc + acc_min;
-    }
-  }
-}
-
-// ---- fast mode on 16-row interleaved weights ------------------------------------------------
-
-// The same arithmetic as the kernels above, element for element, so results are identical.
-inline void fast_packed_ref(uint32_t type, const void* w, int64_t w_row_bytes, const block_q8a* xq,
-                            int64_t M, int64_t K, int64_t n_rows, float* y, int64_t ldy) {
-  const int64_t nb = K / QK8_A;
+// Row n's block ib of W in either layout: its scale, its min (Q4_1; else 0) and its 32 quants
+// as signed integers (the stored offset removed).
+inline void weight_block(uint32_t type, bool packed, const uint8_t* w, int64_t w_row_bytes, int64_t n, int64_t ib,
+                         float* d, float* m, int* q) {
   const int bb = packed_block_bytes(type);
-  const int nq = type == GGML_Q8_0 ? 32 : 16;  // quant bytes per row and block
-  const int64_t group_bytes = kPackRows * w_row_bytes;
-  for (int64_t n = 0; n < n_rows; ++n) {
-    const auto* group = static_cast<const uint8_t*>(w) + (n / kPackRows) * group_bytes;
-    const int r = static_cast<int>(n % kPackRows);
-    for (int64_t m = 0; m < M; ++m) {
-      const block_q8a* xb = xq + m * nb;
-      float acc = 0.0f, acc_min = 0.0f;
-      for (int64_t ib = 0; ib < nb; ++ib) {
-        const uint8_t* gb = group + ib * kPackRows * bb;
-        int32_t isum = 0;
-        for (int j = 0; j < nq; ++j) {
-          const uint8_t q = gb[packed_quant_byte(type, r, j)];
-          if (type == GGML_Q8_0) {
-            isum += (q - 128) * act_at(xb[ib], j);
-          } else {
-            const int off = type == GGML_Q4_0 ? 8 : 0;
-            isum += ((q & 0x0f) - off) * act_at(xb[ib], j);
-            isum += ((q >> 4) - off) * act_at(xb[ib], j + 16);
-          }
-        }
-        acc += (fp16_to_f32(load_u16_le(gb + 2 * r)) * xb[ib].d) * static_cast<float>(isum);
-        if (type == GGML_Q4_1)
-          acc_min += fp16_to_f32(load_u16_le(gb + 32 + 2 * r)) * (xb[ib].d * static_cast<float>(xb[ib].sum));
-      }
-      y[m * ldy + n] = type == GGML_Q4_1 ? acc + acc_min : acc;
+  const int off = type == GGML_Q4_0 ? 8 : 0;
+  if (!packed) {
+    const uint8_t* blk = w + n * w_row_bytes + ib * bb;
+    *d = fp16_to_f32(load_u16_le(blk));
+    *m = type == GGML_Q4_1 ? fp16_to_f32(load_u16_le(blk + 2)) : 0.0f;
+    for (int j = 0; j < QK8_A; ++j) q[j] = stored_quant(type, blk, j) - off;
+    return;
+  }
+  const uint8_t* gb = w + (n / kPackRows) * kPackRows * w_row_bytes + ib * kPackRows * bb;
+  const int r = static_cast<int>(n % kPackRows);
+  *d = fp16_to_f32(load_u16_le(gb + 2 * r));
+  *m = type == GGML_Q4_1 ? fp16_to_f32(load_u16_le(gb + 32 + 2 * r)) : 0.0f;
+  for (int j = 0; j < QK8_A; ++j) {
+    if (type == GGML_Q8_0) {
+      q[j] = gb[packed_quant_byte(type, r, j)] - 128;
+    } else {
+      const uint8_t b = gb[packed_quant_byte(type, r, j % 16)];
+      q[j] = (j < 16 ? (b & 0x0f) : (b >> 4)) - off;
     }
   }
 }
 
-void matmul_q8_0_q8_packed_ref(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                               int64_t n_rows, float* y, int64_t ldy) {
-  fast_packed_ref(GGML_Q8_0, w, rb, xq, M, K, n_rows, y, ldy);
-}
-void matmul_q4_0_q8_packed_ref(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                               int64_t n_rows, float* y, int64_t ldy) {
-  fast_packed_ref(GGML_Q4_0, w, rb, xq, M, K, n_rows, y, ldy);
-}
-void matmul_q4_1_q8_packed_ref(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                               int64_t n_rows, float* y, int64_t ldy) {
-  fast_packed_ref(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
+// Fast mode on W as stored (packed = false) or in the 16-row layout: one spec for both, so
+// the layouts give identical results.
+template <uint32_t T, bool Packed>
+void matmul_fast_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows,
+                     float* y, int64_t ldy) {
+  const int64_t nb = K / QK8_A;
+  float d, mn;
+  int q[QK8_A];
+  for (int64_t n = 0; n < n_rows; ++n) {
+    for (int64_t m = 0; m < M; ++m) {
+      const block_q8a* xb = xq + m * nb;
+      float acc = 0.0f, acc_min = 0.0f;
+      for (int64_t ib = 0; ib < nb; ++ib) {
+        weight_block(T, Packed, static_cast<const uint8_t*>(w), w_row_bytes, n, ib, &d, &mn, q);
+        int32_t isum = 0;
+        for (int j = 0; j < QK8_A; ++j) isum += q[j] * act_at(xb[ib], j);
+        acc += (d * xb[ib].d) * static_cast<float>(isum);
+        if (T == GGML_Q4_1) acc_min += mn * (xb[ib].d * static_cast<float>(xb[ib].sum));
+      }
+      y[m * ldy + n] = T == GGML_Q4_1 ? acc + acc_min : acc;
+    }
+  }
 }
 
 }  // namespace
@@ -199,12 +139,12 @@ void fill_matmul_scalar(KernelTable& t) {
   t.matmul_exact[GGML_F32] = matmul_f32_f32_ref;
   t.matmul_exact[GGML_F16] = matmul_f16_f32_ref;
   t.matmul_exact[GGML_BF16] = matmul_bf16_f32_ref;
-  t.matmul_fast[GGML_Q8_0] = matmul_q8_0_q8_ref;
-  t.matmul_fast[GGML_Q4_0] = matmul_q4_0_q8_ref;
-  t.matmul_fast[GGML_Q4_1] = matmul_q4_1_q8_ref;
-  t.matmul_fast_packed[GGML_Q8_0] = matmul_q8_0_q8_packed_ref;
-  t.matmul_fast_packed[GGML_Q4_0] = matmul_q4_0_q8_packed_ref;
-  t.matmul_fast_packed[GGML_Q4_1] = matmul_q4_1_q8_packed_ref;
+  t.matmul_fast[GGML_Q8_0] = matmul_fast_ref<GGML_Q8_0, false>;
+  t.matmul_fast[GGML_Q4_0] = matmul_fast_ref<GGML_Q4_0, false>;
+  t.matmul_fast[GGML_Q4_1] = matmul_fast_ref<GGML_Q4_1, false>;
+  t.matmul_fast_packed[GGML_Q8_0] = matmul_fast_ref<GGML_Q8_0, true>;
+  t.matmul_fast_packed[GGML_Q4_0] = matmul_fast_ref<GGML_Q4_0, true>;
+  t.matmul_fast_packed[GGML_Q4_1] = matmul_fast_ref<GGML_Q4_1, true>;
 }
 
 }  // namespace pyinfer

@@ -125,17 +125,10 @@ PYINFER_INLINE void exact_rows(int type, const void* w, int64_t rb, const float*
   }
 }
 
-void matmul_f32_f32_avx2(const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
-                         int64_t n_rows, float* y, int64_t ldy) {
-  exact_rows(GGML_F32, w, rb, x, M, K, n_rows, y, ldy);
-}
-void matmul_f16_f32_avx2(const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
-                         int64_t n_rows, float* y, int64_t ldy) {
-  exact_rows(GGML_F16, w, rb, x, M, K, n_rows, y, ldy);
-}
-void matmul_bf16_f32_avx2(const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
-                          int64_t n_rows, float* y, int64_t ldy) {
-  exact_rows(GGML_BF16, w, rb, x, M, K, n_rows, y, ldy);
+template <int T>
+void matmul_exact_avx2(const void* w, int64_t rb, const float* x, int64_t M, int64_t K, int64_t n_rows, float* y,
+                       int64_t ldy) {
+  exact_rows(T, w, rb, x, M, K, n_rows, y, ldy);
 }
 
 // ---- fast mode: integer dot products per block ----------------------------------------------
@@ -153,14 +146,7 @@ PYINFER_INLINE int block_bytes(int type) {
 PYINFER_INLINE __m256i add_split(int type, __m256i p, const uint8_t* blk, const block_q8a* xb) {
   if (xb->h4 == 0) return p;
   const int jo = xb->jo, h = static_cast<int8_t>(xb->h4 >> (8 * (jo % 4)));
-  int q;
-  if (type == GGML_Q8_0) {
-    q = static_cast<int8_t>(blk[2 + jo]);
-  } else {
-    const uint8_t b = blk[(type == GGML_Q4_1 ? 4 : 2) + jo % 16];
-    q = jo < 16 ? (b & 0x0f) : (b >> 4);
-  }
-  return _mm256_add_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(128 * h * q)));
+  return _mm256_add_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(128 * h * stored_quant(type, blk, jo))));
 }
 
 PYINFER_INLINE __m256i block_dot(int type, const uint8_t* blk, const block_q8a* xb) {
@@ -215,17 +201,10 @@ PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q
     for (int64_t m = 0; m < M; ++m) fast_tile(type, 1, wb + n * rb, rb, xq + m * nb, nb, y + m * ldy + n);
 }
 
-void matmul_q8_0_q8_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                         int64_t n_rows, float* y, int64_t ldy) {
-  fast_rows(GGML_Q8_0, w, rb, xq, M, K, n_rows, y, ldy);
-}
-void matmul_q4_0_q8_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                         int64_t n_rows, float* y, int64_t ldy) {
-  fast_rows(GGML_Q4_0, w, rb, xq, M, K, n_rows, y, ldy);
-}
-void matmul_q4_1_q8_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                         int64_t n_rows, float* y, int64_t ldy) {
-  fast_rows(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
+template <int T>
+void matmul_fast_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows,
+                      float* y, int64_t ldy) {
+  fast_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
 // ---- fast mode on 16-row interleaved weights (packed16.h) -------------------------------------
@@ -336,32 +315,25 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
   }
 }
 
-void matmul_q8_0_q8_packed_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                                int64_t n_rows, float* y, int64_t ldy) {
-  packed_rows(GGML_Q8_0, w, rb, xq, M, K, n_rows, y, ldy);
-}
-void matmul_q4_0_q8_packed_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                                int64_t n_rows, float* y, int64_t ldy) {
-  packed_rows(GGML_Q4_0, w, rb, xq, M, K, n_rows, y, ldy);
-}
-void matmul_q4_1_q8_packed_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                                int64_t n_rows, float* y, int64_t ldy) {
-  packed_rows(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
+template <int T>
+void matmul_fast_packed_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows,
+                             float* y, int64_t ldy) {
+  packed_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
 }  // namespace
 
 void fill_matmul_avx2(KernelTable& t) {
   t.quantize_act = quantize_act_avx2;
-  t.matmul_exact[GGML_F32] = matmul_f32_f32_avx2;
-  t.matmul_exact[GGML_F16] = matmul_f16_f32_avx2;
-  t.matmul_exact[GGML_BF16] = matmul_bf16_f32_avx2;
-  t.matmul_fast[GGML_Q8_0] = matmul_q8_0_q8_avx2;
-  t.matmul_fast[GGML_Q4_0] = matmul_q4_0_q8_avx2;
-  t.matmul_fast[GGML_Q4_1] = matmul_q4_1_q8_avx2;
-  t.matmul_fast_packed[GGML_Q8_0] = matmul_q8_0_q8_packed_avx2;
-  t.matmul_fast_packed[GGML_Q4_0] = matmul_q4_0_q8_packed_avx2;
-  t.matmul_fast_packed[GGML_Q4_1] = matmul_q4_1_q8_packed_avx2;
+  t.matmul_exact[GGML_F32] = matmul_exact_avx2<GGML_F32>;
+  t.matmul_exact[GGML_F16] = matmul_exact_avx2<GGML_F16>;
+  t.matmul_exact[GGML_BF16] = matmul_exact_avx2<GGML_BF16>;
+  t.matmul_fast[GGML_Q8_0] = matmul_fast_avx2<GGML_Q8_0>;
+  t.matmul_fast[GGML_Q4_0] = matmul_fast_avx2<GGML_Q4_0>;
+  t.matmul_fast[GGML_Q4_1] = matmul_fast_avx2<GGML_Q4_1>;
+  t.matmul_fast_packed[GGML_Q8_0] = matmul_fast_packed_avx2<GGML_Q8_0>;
+  t.matmul_fast_packed[GGML_Q4_0] = matmul_fast_packed_avx2<GGML_Q4_0>;
+  t.matmul_fast_packed[GGML_Q4_1] = matmul_fast_packed_avx2<GGML_Q4_1>;
 }
 
 }  // namespace pyinfer

@@ -97,13 +97,6 @@ PYINFER_INLINE __m256i act_init(int type, const block_q8a* xb) {
   return _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * xb->sum));
 }
 
-// Quant j of a block as stored, as the dot products above see it: Q8_0 signed, Q4 the nibble.
-PYINFER_INLINE int block_quant(int type, const uint8_t* blk, int j) {
-  if (type == GGML_Q8_0) return static_cast<int8_t>(blk[2 + j]);
-  const uint8_t b = blk[(type == GGML_Q4_1 ? 4 : 2) + j % 16];
-  return j < 16 ? (b & 0x0f) : (b >> 4);
-}
-
 // NR rows of W against MT activation rows. Per element: acc += float(partials) * (d_w*d_x)
 // over the blocks, then a horizontal sum; Q4_1 adds sum_b m_w * (d_x * sum_x) at the end.
 PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_t rb,
@@ -135,7 +128,7 @@ PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_
         if (xb->h4 != 0) {  // a split block: 128 * h * q_w[jo] into lane 0
           const int h = static_cast<int8_t>(xb->h4 >> (8 * (xb->jo % 4)));
           init_r = _mm256_add_epi32(init, _mm256_zextsi128_si256(_mm_cvtsi32_si128(
-                                              128 * h * block_quant(type, w + r * rb + ib * bb, xb->jo))));
+                                              128 * h * stored_quant(type, w + r * rb + ib * bb, xb->jo))));
         }
         const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(init_r, wq[r], act_q(type, a, wraw[r])));
         acc[r][c] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[r] * xb->d), acc[r][c]);
@@ -163,17 +156,10 @@ PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q
     for (int64_t m = 0; m < M; ++m) fast_tile(type, 1, 1, wb + n * rb, rb, xq + m * nb, nb, y + m * ldy + n, ldy);
 }
 
-void matmul_q8_0_q8_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                           int64_t n_rows, float* y, int64_t ldy) {
-  fast_rows(GGML_Q8_0, w, rb, xq, M, K, n_rows, y, ldy);
-}
-void matmul_q4_0_q8_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                           int64_t n_rows, float* y, int64_t ldy) {
-  fast_rows(GGML_Q4_0, w, rb, xq, M, K, n_rows, y, ldy);
-}
-void matmul_q4_1_q8_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                           int64_t n_rows, float* y, int64_t ldy) {
-  fast_rows(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
+template <int T>
+void matmul_fast_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows,
+                        float* y, int64_t ldy) {
+  fast_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
 // ---- fast mode on 16-row interleaved weights (packed16.h) -------------------------------------
@@ -254,17 +240,10 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
   }
 }
 
-void matmul_q8_0_q8_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                                  int64_t n_rows, float* y, int64_t ldy) {
-  packed_rows(GGML_Q8_0, w, rb, xq, M, K, n_rows, y, ldy);
-}
-void matmul_q4_0_q8_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                                  int64_t n_rows, float* y, int64_t ldy) {
-  packed_rows(GGML_Q4_0, w, rb, xq, M, K, n_rows, y, ldy);
-}
-void matmul_q4_1_q8_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                                  int64_t n_rows, float* y, int64_t ldy) {
-  packed_rows(GGML_Q4_1, w, rb, xq, M, K, n_rows, y, ldy);
+template <int T>
+void matmul_fast_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows,
+                               float* y, int64_t ldy) {
+  packed_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
 }  // namespace
@@ -277,12 +256,12 @@ void fill_matmul_avx512(KernelTable& t) {
   // on zmm (vcvtph2ps zmm) reached 77-80% of it, and run GEMMs 5-15% faster
   // (one run, one thread, K = 2048: F16 GEMV 29.7 against 24.1 GB/s, probe 29-31; F16 GEMM
   // at M = 64, 53 against 48 GFLOP/s, F32 47 against 40).
-  t.matmul_fast[GGML_Q8_0] = matmul_q8_0_q8_avx512;
-  t.matmul_fast[GGML_Q4_0] = matmul_q4_0_q8_avx512;
-  t.matmul_fast[GGML_Q4_1] = matmul_q4_1_q8_avx512;
-  t.matmul_fast_packed[GGML_Q8_0] = matmul_q8_0_q8_packed_avx512;
-  t.matmul_fast_packed[GGML_Q4_0] = matmul_q4_0_q8_packed_avx512;
-  t.matmul_fast_packed[GGML_Q4_1] = matmul_q4_1_q8_packed_avx512;
+  t.matmul_fast[GGML_Q8_0] = matmul_fast_avx512<GGML_Q8_0>;
+  t.matmul_fast[GGML_Q4_0] = matmul_fast_avx512<GGML_Q4_0>;
+  t.matmul_fast[GGML_Q4_1] = matmul_fast_avx512<GGML_Q4_1>;
+  t.matmul_fast_packed[GGML_Q8_0] = matmul_fast_packed_avx512<GGML_Q8_0>;
+  t.matmul_fast_packed[GGML_Q4_0] = matmul_fast_packed_avx512<GGML_Q4_0>;
+  t.matmul_fast_packed[GGML_Q4_1] = matmul_fast_packed_avx512<GGML_Q4_1>;
 }
 
 }  // namespace pyinfer
