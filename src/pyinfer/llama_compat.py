@@ -822,62 +822,7 @@ class Llama:
                 file=sys.stderr,
             )
 
-    def __call__(
-        self,
-        prompt: str | list[int],
-        suffix: str | None = None,
-        max_tokens: int | None = 16,
-        temperature: float = 0.8,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        typical_p: float = 1.0,
-        logprobs: int | None = None,
-        echo: bool = False,
-        stop: StopArg = [],  # noqa: B006
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        repeat_penalty: float = 1.0,
-        top_k: int = 40,
-        stream: bool = False,
-        seed: int | None = None,
-        tfs_z: float = 1.0,
-        mirostat_mode: int = 0,
-        mirostat_tau: float = 5.0,
-        mirostat_eta: float = 0.1,
-        model: str | None = None,
-        stopping_criteria: Any = None,
-        logits_processor: Any = None,
-        grammar: Any = None,
-        logit_bias: dict[int, float] | None = None,
-    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """Same as create_completion."""
-        return self.create_completion(
-            prompt,
-            suffix=suffix,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            min_p=min_p,
-            typical_p=typical_p,
-            logprobs=logprobs,
-            echo=echo,
-            stop=stop,
-            frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty,
-            repeat_penalty=repeat_penalty,
-            top_k=top_k,
-            stream=stream,
-            seed=seed,
-            tfs_z=tfs_z,
-            mirostat_mode=mirostat_mode,
-            mirostat_tau=mirostat_tau,
-            mirostat_eta=mirostat_eta,
-            model=model,
-            stopping_criteria=stopping_criteria,
-            logits_processor=logits_processor,
-            grammar=grammar,
-            logit_bias=logit_bias,
-        )
+    __call__ = create_completion  # llama-cpp-python's __call__ takes the same arguments
 
     # -- chat --
 
