@@ -8,6 +8,7 @@
 #include <math.h>
 
 #include "dispatch.h"
+#include "kernels/attn_groups.h"
 #include "half.h"
 
 namespace pyinfer {
@@ -200,21 +201,12 @@ inline __m256 kv8_full(const void* p, int64_t idx) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
 }
 
-// The queries of one register group of a tile: where each reads and writes, and the positions
-// it sees.
-template <int RG>
-struct Queries {
-  const float* q[RG];
-  float* out[RG];
-  int64_t first[RG], last[RG];
-};
-
 // Scores of RG queries against NB consecutive key blocks from k: s[r * ls + i], i over the
 // NB * 16 positions, two vectors per block. Each K vector load feeds RG multiply-adds, and
 // each score is one multiply-add chain over d = 0..head_dim-1 in order, so its bits do not
 // depend on RG or NB.
 template <int RG, int NB, bool F16>
-inline void score_blocks(const Queries<RG>& g, int64_t head_dim, const void* k, float scale, float* s,
+inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s,
                          int64_t ls) {
   __m256 acc[RG][2 * NB];
   UNROLL for (int r = 0; r < RG; ++r)
@@ -241,7 +233,7 @@ inline void score_blocks(const Queries<RG>& g, int64_t head_dim, const void* k, 
 // whose own range holds j add, which leaves the others' sums exactly as if j were skipped.
 // Each V vector load feeds RG multiply-adds; each sum is one chain over j in order.
 template <int RG, int C, bool F16, bool SOME>
-inline void weigh_range(__m256 (&acc)[RG][C], const Queries<RG>& g, const float* p, int64_t ls, int64_t base,
+inline void weigh_range(__m256 (&acc)[RG][C], const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base,
                         const void* v, int64_t j0, int64_t j1, int64_t head_dim, int64_t i0, int64_t tail) {
   for (int64_t j = j0; j <= j1; ++j) {
     const int64_t at = j * head_dim + i0;
@@ -260,7 +252,7 @@ inline void weigh_range(__m256 (&acc)[RG][C], const Queries<RG>& g, const float*
 // The positions all RG queries see go through the plain loop; rows of a tile that end (or,
 // with a window, start) at different positions leave a few at either end for the other one.
 template <int RG, int C, bool F16>
-inline void weigh_values(const Queries<RG>& g, const float* p, int64_t ls, int64_t base, const void* v,
+inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base, const void* v,
                          int64_t head_dim, int64_t i0, int64_t tail, const float* inv) {
   __m256 acc[RG][C];
   UNROLL for (int r = 0; r < RG; ++r)
@@ -290,14 +282,7 @@ inline void weigh_values(const Queries<RG>& g, const float* p, int64_t ls, int64
 template <int RG, bool F16>
 void attend(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, float* s, int64_t ls) {
   const int64_t hd = t.head_dim;
-  Queries<RG> g;
-  for (int r = 0; r < RG; ++r) {
-    const int64_t row = (i0 + r) / t.n_heads, h = (i0 + r) % t.n_heads;
-    g.q[r] = t.q + row * t.q_stride + h * hd;
-    g.out[r] = t.out + row * t.out_stride + h * hd;
-    g.first[r] = attn_first(t, row);
-    g.last[r] = t.last + row;
-  }
+  const AttnQueries<RG> g = attn_queries<RG>(t, i0);
   constexpr int NB = RG >= 3 ? 1 : 2;
   const int64_t block_bytes = hd * kKeyBlock * (F16 ? 2 : 4);
   const auto* kb = static_cast<const uint8_t*>(t.k) + b0 * block_bytes;
@@ -325,22 +310,17 @@ void attend(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, float* s, int
   }
 }
 
-// The tile's queries in register groups of at most four, as even as can be (nine: 3 + 3 + 3).
+// The tile's queries in register groups (attn_groups).
 template <bool F16>
 void attention_avx2(const AttnTile& t) {
-  const int64_t b0 = attn_first(t, 0) / kKeyBlock, b1 = (t.last + t.n_rows - 1) / kKeyBlock;
-  const int64_t ls = (b1 - b0 + 1) * kKeyBlock, n_q = t.n_rows * t.n_heads;
-  for (int64_t i = 0; i < n_q;) {
-    const int64_t left = n_q - i, n_groups = (left + 3) / 4, rg = (left + n_groups - 1) / n_groups;
-    float* s = t.scores + i * ls;
+  attn_groups(t, [&](int rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
     switch (rg) {
       case 1: attend<1, F16>(t, i, b0, b1, s, ls); break;
       case 2: attend<2, F16>(t, i, b0, b1, s, ls); break;
       case 3: attend<3, F16>(t, i, b0, b1, s, ls); break;
       default: attend<4, F16>(t, i, b0, b1, s, ls); break;
     }
-    i += rg;
-  }
+  });
 }
 
 }  // namespace
