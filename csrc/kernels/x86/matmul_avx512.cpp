@@ -185,9 +185,10 @@ PYINFER_INLINE __m512i split_dot(int type, const uint8_t* gb, const block_q8a* x
   return _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), col, _mm512_set1_epi32(xb->h4)), 7);
 }
 
-// 16 rows of W (one group, n_valid of them real) against MT activation rows.
+// 16 rows of W (one group, n_valid of them real) against MT activation rows; pf, if set, is
+// the group to prefetch meanwhile.
 PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb,
-                                float* y, int64_t ldy, int n_valid) {
+                                float* y, int64_t ldy, int n_valid, const uint8_t* pf) {
   const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
   const int qo = packed_quants_offset(type);
   __m512 acc[4], acc_min[4];
@@ -195,6 +196,8 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   for (int64_t ib = 0; ib < nb; ++ib) {
     const uint8_t* gb = group + ib * gbb;
+    if (pf != nullptr)
+      for (int o = 0; o < gbb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + ib * gbb + o), _MM_HINT_T0);
     // The weights' unsigned quant columns, unpacked once for the MT activation rows.
     __m512i wq[8];
     if (type == GGML_Q8_0) {
@@ -209,15 +212,27 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
     __m512 mn = _mm512_setzero_ps();
     if (type == GGML_Q4_1) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32)));
+    // Each row's integer sum is one chain of dot steps; the MT rows' chains are interleaved
+    // (the split terms after them, behind their branch), so a step never waits on the one
+    // before it. Integer sums do not depend on the order.
+    const int off = type == GGML_Q8_0 ? 128 : type == GGML_Q4_0 ? 8 : 0;
+    __m512i isum[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < MT; ++c) isum[c] = _mm512_set1_epi32(-off * x[c * nb + ib].sum);
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g)
+#pragma GCC unroll 4
+      for (int c = 0; c < MT; ++c) isum[c] = _mm512_dpbusd_epi32(isum[c], wq[g], act4(x + c * nb + ib, g));
+#pragma GCC unroll 4
     for (int c = 0; c < MT; ++c) {
       const block_q8a* xb = x + c * nb + ib;
-      // Q8_0 stores q + 128 and Q4_0 q + 8: take offset * sum(a) off, exactly, in every lane.
-      const int off = type == GGML_Q8_0 ? 128 : type == GGML_Q4_0 ? 8 : 0;
-      __m512i isum = _mm512_set1_epi32(-off * xb->sum);
-      for (int g = 0; g < 8; ++g) isum = _mm512_dpbusd_epi32(isum, wq[g], act4(xb, g));
-      if (xb->h4 != 0) isum = _mm512_add_epi32(isum, split_dot(type, gb, xb));
+      if (xb->h4 != 0) isum[c] = _mm512_add_epi32(isum[c], split_dot(type, gb, xb));
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < MT; ++c) {
+      const block_q8a* xb = x + c * nb + ib;
       const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
-      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum)));
+      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum[c])));
       if (type == GGML_Q4_1)
         acc_min[c] = _mm512_add_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->d * static_cast<float>(xb->sum))));
     }
@@ -234,9 +249,13 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
     const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
+    // With two or more activation rows the group's tiles take long enough for the stream to
+    // stall on DRAM: the first tile fetches the next group ahead (one row is bandwidth-bound,
+    // and there the hardware prefetcher alone does better).
+    const uint8_t* pf = n + kPackRows < n_rows && M >= 2 ? group + group_bytes : nullptr;
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4) packed_tile(type, 4, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
-    for (; m < M; ++m) packed_tile(type, 1, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
+    for (; m + 4 <= M; m += 4, pf = nullptr) packed_tile(type, 4, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
+    for (; m < M; ++m, pf = nullptr) packed_tile(type, 1, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
   }
 }
 
