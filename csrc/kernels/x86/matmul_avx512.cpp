@@ -197,7 +197,7 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
   for (int64_t ib = 0; ib < nb; ++ib) {
     const uint8_t* gb = group + ib * gbb;
     if (pf != nullptr)
-      for (int o = 0; o < gbb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + ib * gbb + o), _MM_HINT_T0);
+      for (int o = 0; o < gbb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + ib * gbb + o), _MM_HINT_T1);
     // The weights' unsigned quant columns, unpacked once for the MT activation rows.
     __m512i wq[8];
     if (type == GGML_Q8_0) {
