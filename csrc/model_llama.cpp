@@ -178,34 +178,37 @@ struct Segment {
   int64_t row0, n, pos;
 };
 
-// Attention of every segment's rows against its own cache, as one pool job over all
-// (row, head) items.
-void attention_segments(const std::vector<AttentionArgs>& args, int n_threads) {
-  if (args.size() == 1) {
+// Appends each segment's new keys and values (k, v: rows of stride kv_stride) to its cache at
+// layer il, then runs its rows' attention (args[i] for segs[i]). One segment (a prefill chunk
+// or a single decode step) appends on this thread and spreads its (row, head) items over the
+// pool; several (a batched decode step) make one pool job of a segment each, append and
+// attention together, so the appends run in parallel and each is still in cache when read.
+void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float* k, const float* v,
+                       int64_t kv_stride, const std::vector<AttentionArgs>& args, int n_threads) {
+  if (segs.size() == 1) {
+    const Segment& g = segs[0];
+    g.cache->append(il, k + g.row0 * kv_stride, kv_stride, v + g.row0 * kv_stride, kv_stride, g.pos, g.n);
     attention(args[0], n_threads);
     return;
   }
-  std::vector<int64_t> first(args.size() + 1, 0);  // first item of each segment
+  // What append would reject, checked here, as nothing may throw inside the job; after the
+  // append each segment's queries find their positions in its cache, as attention_check asks.
   int64_t n_scratch = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    attention_check(args[i]);
-    first[i + 1] = first[i] + attention_items(args[i]);
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Segment& g = segs[i];
+    if (g.pos < 0 || g.pos > g.cache->n_pos(il) || g.pos + g.n > g.cache->n_ctx())
+      throw std::invalid_argument("batched step: position " + std::to_string(g.pos) + " is outside its cache");
     const int64_t need = attention_scratch(args[i]);
     if (need > n_scratch) n_scratch = need;
   }
   if (n_threads < 1) n_threads = 1;
   std::vector<float> scratch(static_cast<size_t>(n_scratch) * static_cast<size_t>(n_threads));
-  // Every segment has the same heads, so chunks of whole groups line up with the segments.
-  const int64_t group = args[0].n_head / args[0].cache->n_head_kv();
-  const int64_t chunk = attention_chunk(first.back(), group, n_threads);
-  parallel_for(n_threads, first.back(), chunk, [&](int64_t begin, int64_t end, int tid) {
-    float* own = scratch.data() + static_cast<size_t>(tid) * n_scratch;
-    size_t i = 0;
-    for (int64_t item = begin; item < end;) {
-      while (first[i + 1] <= item) ++i;
-      const int64_t stop = end < first[i + 1] ? end : first[i + 1];
-      attention_range(args[i], item - first[i], stop - first[i], own);
-      item = stop;
+  parallel_for(n_threads, static_cast<int64_t>(segs.size()), 1, [&](int64_t i0, int64_t i1, int tid) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const Segment& g = segs[static_cast<size_t>(i)];
+      g.cache->append(il, k + g.row0 * kv_stride, kv_stride, v + g.row0 * kv_stride, kv_stride, g.pos, g.n);
+      const AttentionArgs& a = args[static_cast<size_t>(i)];
+      attention_range(a, 0, attention_items(a), scratch.data() + static_cast<size_t>(tid) * n_scratch);
     }
   });
 }
@@ -268,11 +271,10 @@ void forward(const LlamaModel& model, const std::vector<Segment>& segs, int64_t 
     });
     for (size_t i = 0; i < segs.size(); ++i) {
       const Segment& g = segs[i];
-      g.cache->append(il, k + g.row0 * ks, ks, v + g.row0 * ks, ks, g.pos, g.n);
       args[i] = AttentionArgs{q + g.row0 * qs, qs, attn + g.row0 * q_dim, q_dim, g.cache, il, g.pos, g.n,
                               c.n_head, scale, 0};
     }
-    attention_segments(args, n_threads);
+    append_and_attend(segs, il, k, v, ks, args, n_threads);
     LlamaModel::matmul(L.wo, attn, n_rows, xn, mode, n_threads);
     // Residual, then the feed-forward block's norm, row by row.
     rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {

@@ -27,23 +27,24 @@ def contexts(model: Model, prompts: list[list[int]]) -> list:
     out = []
     for p in prompts:
         c = model.context()
-        c.eval(p)
+        if p:
+            c.eval(p)
         out.append(c)
     return out
 
 
-def run_both(model: Model, steps: int = 3) -> tuple[np.ndarray, np.ndarray]:
+def run_both(model: Model, steps: int = 3, prompts: list[list[int]] = PROMPTS) -> tuple[np.ndarray, np.ndarray]:
     """Logits of `steps` greedy steps, batched and one sequence at a time: [steps, B, n_vocab]."""
-    batched, single = contexts(model, PROMPTS), contexts(model, PROMPTS)
+    batched, single = contexts(model, prompts), contexts(model, prompts)
     got, want = [], []
-    toks = [7, 300, 11, 4000, 90]
+    toks = [7, 300, 11, 4000, 90][: len(prompts)]
     for _ in range(steps):
         b = model.decode_batch(batched, toks)
         s = np.stack([c.eval([t]).copy() for c, t in zip(single, toks)])
         got.append(b)
         want.append(s)
         toks = list(s.argmax(axis=1))
-    assert [c.n_past for c in batched] == [c.n_past for c in single] == [len(p) + steps for p in PROMPTS]
+    assert [c.n_past for c in batched] == [c.n_past for c in single] == [len(p) + steps for p in prompts]
     return np.array(got), np.array(want)
 
 
@@ -51,6 +52,14 @@ def test_fast_batch_rows_equal_single_steps_bit_for_bit(fast):
     # Activations are quantized per row and every row's dot products run in the same order
     # whatever M is, so batching changes no bit.
     got, want = run_both(fast)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_fast_batch_from_empty_contexts_and_across_key_blocks(fast):
+    # A sequence's first token, and sequences whose steps fill a block of 16 cached keys (the
+    # cache then lays that block out anew), in one batch.
+    long = [1] + list(range(500, 514))  # 15 tokens: the first step writes position 15
+    got, want = run_both(fast, prompts=[[], long, long[:14]])
     np.testing.assert_array_equal(got, want)
 
 
