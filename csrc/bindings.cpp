@@ -102,6 +102,19 @@ py::dict read_bandwidth(size_t n_bytes, int n_threads, int repeats) {
   return bandwidth_dict(r);
 }
 
+double int8_peak_py(double min_seconds) {
+  if (!(min_seconds > 0 && min_seconds < 60)) throw py::value_error("min_seconds must be in (0, 60)");
+  double r;
+  {
+    py::gil_scoped_release release;
+    r = int8_peak_rate(min_seconds);
+  }
+  if (r <= 0)
+    throw std::runtime_error(std::string("the active ISA (") + isa_name(kernels().isa) +
+                             ") has no int8 dot-product instruction");
+  return r;
+}
+
 py::dict stream_bandwidth(const std::string& kernel, size_t n_bytes, int n_threads, int repeats) {
   if (kernel != "copy" && kernel != "triad")
     throw py::value_error("kernel must be 'copy' or 'triad', got '" + kernel + "'");
@@ -629,6 +642,9 @@ PYBIND11_MODULE(_C, m) {
         "takes (n padded to a multiple of 16).");
   m.def("unpack", &unpack_py, py::arg("packed"), py::arg("w_type"), py::arg("n"), py::arg("k"),
         "The inverse of repack: the n rows' blocks as stored in GGUF.");
+  m.def("int8_peak", &int8_peak_py, py::arg("min_seconds") = 0.05,
+        "Multiply-adds per second of the active ISA's int8 dot-product instruction on one core "
+        "(12 independent accumulators): the compute ceiling of precision='fast'.");
   m.def("quantize_activations", &quantize_activations_py, py::arg("x"),
         "Fast-mode activation quantization of x[M, K]: (q int8 [M, K], d float32 [M, K/32], "
         "sum int32 [M, K/32], h int8 [M, K/32], jo int32 [M, K/32]).");

@@ -88,6 +88,11 @@ using MatmulFastFn = void (*)(const void* w, int64_t w_row_bytes, const block_q8
                               int64_t K, int64_t n_rows, float* y, int64_t ldy);
 // Quantize k floats (a multiple of 32) to k/32 activation blocks.
 using QuantizeActFn = void (*)(const float* x, block_q8a* dst, int64_t k);
+// The int8 multiply-add instruction the fast kernels are built on, issued n_iter times on
+// each of 12 independent accumulators (so its latency is hidden): the rate a core can reach
+// at best. Returns the multiply-adds done; *sink receives a value of the result, so that
+// nothing is optimised away.
+using Int8PeakFn = int64_t (*)(int64_t n_iter, int32_t* sink);
 
 struct KernelTable {
   Isa isa;
@@ -108,6 +113,7 @@ struct KernelTable {
   // the group holding the first row; w_row_bytes is the row size as stored in GGUF.
   MatmulFastFn matmul_fast_packed[GGML_TYPE_SLOTS];
   QuantizeActFn quantize_act;
+  Int8PeakFn int8_peak;  // nullptr where the ISA has no int8 dot-product instruction (scalar)
 };
 
 // One table per compiled ISA; each is defined in that ISA's files.

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pyinfer import _C
+from pyinfer.bench import studies
 from pyinfer.bench.engines import parse_llama_bench
 from pyinfer.bench.synthetic import PRESETS, write_synthetic_llama
 from pyinfer.gguf import GGUFReader
@@ -108,6 +110,14 @@ def test_context_model_size_and_ceiling(bench_out: Path) -> None:
         assert b["best_gbps"] == max(b["gbps_samples"])
     for c in ceil["compute"]:
         assert c["gops"] == pytest.approx(float(np.median(c["gops_samples"])))
+    peak = ceil["int8_peak"]
+    if _C.get_isa() == "scalar":
+        assert peak is None
+    else:
+        assert peak["gops"] == pytest.approx(float(np.median(peak["gops_samples"]))) and peak["gops"] > 0
+        for c in ceil["compute"]:
+            if c["mode"] == "fast":
+                assert c["pct_of_int8_peak"] == pytest.approx(100 * c["gops"] / peak["gops"])
 
 
 def test_batch_prefill_peers_formats(bench_out: Path, tiny: Path) -> None:
@@ -125,6 +135,10 @@ def test_batch_prefill_peers_formats(bench_out: Path, tiny: Path) -> None:
         assert 0 < r["ttft_s"] and len(r["ttft_s_samples"]) >= 2
     peers = _load(bench_out, "peers")
     assert {r["engine"] for r in peers["rows"]} == {"pyinfer", "pyinfer generate()"} and peers["ratios"] == []
+    ops = studies.prefill_ops(GGUFReader(tiny), peers["pp_tokens"])
+    for r in peers["rows"]:
+        if r["engine"] == "pyinfer":
+            assert r["pp_gops_per_core"] == pytest.approx(ops * r["pp"] / peers["pp_tokens"] / 1e9 / r["threads"])
     assert [(r["engine"], r["threads"]) for r in peers["startup"]] == [("pyinfer", 1), ("pyinfer", 2)]
     for r in peers["startup"]:
         _check_startup_row(r)

@@ -319,3 +319,19 @@ def test_packed_validation():
         _C.matmul(np.zeros((1, k), np.float32), np.zeros((n, k), np.float32), F32, n, k, packed=True)
     with pytest.raises(ValueError, match="bytes"):
         _C.unpack(raw, Q4_1, n, k)
+
+
+def test_int8_peak_probe():
+    # One core's int8 dot-product instruction rate: a rate on the SIMD paths, refused on the
+    # scalar one (which has no such instruction) and for a bad duration.
+    was = _C.get_isa()
+    try:
+        if was != "scalar":
+            assert _C.int8_peak(0.02) > 1e8
+        with pytest.raises(ValueError, match="min_seconds"):
+            _C.int8_peak(0)
+        _C.set_isa("scalar")
+        with pytest.raises(RuntimeError, match="scalar"):
+            _C.int8_peak()
+    finally:
+        _C.set_isa(was)

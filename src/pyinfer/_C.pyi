@@ -25,6 +25,10 @@ def stream_bandwidth(kernel: str, n_bytes: int = ..., n_threads: int = 1, repeat
     """Time `repeats` passes of STREAM's copy or triad over arrays of about n_bytes in all;
     n_bytes in the result counts bytes read plus written per pass."""
 
+def int8_peak(min_seconds: float = 0.05) -> float:
+    """Multiply-adds per second of the active ISA's int8 dot-product instruction on one core
+    (12 independent accumulators): the compute ceiling of precision='fast'."""
+
 def matmul(
     x: npt.NDArray[np.float32],
     w: npt.NDArray[Any],

@@ -32,6 +32,7 @@ from pyinfer.bench.engines import (
 )
 from pyinfer.bench.synthetic import PRESETS, synthetic_model
 from pyinfer.gguf import GGUFReader
+from pyinfer.gguf_types import GGMLType
 from pyinfer.model import Model
 from pyinfer.quantize import TARGET_TYPES, ensure_derived
 
@@ -99,6 +100,11 @@ def study_ceiling(s: Settings) -> Report:
                         "M": m_rows, "N": n, "K": k, "threads": 1, "gops": median(gops), "gops_samples": gops,
                         "arith": "int8 dot products" if mode == "fast" else "float32 FMA"})
         prog.step(f"matmul {name}")
+    peak = int8_peak_gops()
+    if peak is not None:
+        for c in compute:
+            if c["mode"] == "fast":
+                c["pct_of_int8_peak"] = 100 * c["gops"] / peak["gops"]
     md = ["## Ceiling", "", "Memory read bandwidth (each thread sums its own slice with the widest loads; "
           "this is the ceiling decode is compared with, since decode reads its weights):", ""]
     md += table(["threads", "median GB/s", "best GB/s", "passes", "array MiB"],
@@ -109,9 +115,24 @@ def study_ceiling(s: Settings) -> Report:
                 [[x["kernel"], x["threads"], f"{x['median_gbps']:.1f}", f"{x['best_gbps']:.1f}"] for x in stream])
     md += ["", "One core's matmul throughput on cache-resident operands "
            f"(x[{m_rows}, {k}] @ W[{n}, {k}]^T; 2 ops per multiply-add):", ""]
-    md += table(["weights", "mode", "layout", "arithmetic", "GOP/s"],
-                [[c["weights"], c["mode"], c["layout"], c["arith"], f"{c['gops']:.1f}"] for c in compute])
-    return {"study": "ceiling", "bandwidth": bw, "stream": stream, "compute": compute}, md
+    md += table(["weights", "mode", "layout", "arithmetic", "GOP/s", "% of int8 peak"],
+                [[c["weights"], c["mode"], c["layout"], c["arith"], f"{c['gops']:.1f}",
+                  f"{c['pct_of_int8_peak']:.0f}%" if "pct_of_int8_peak" in c else "-"] for c in compute])
+    if peak is not None:
+        md += ["", f"int8 peak: the {peak['isa']} path's int8 multiply-add instruction issued back to back on 12 "
+               f"independent accumulators (`pyinfer._C.int8_peak`), one core: {peak['gops']:.1f} GOP/s. No kernel "
+               "can pass it; the fast kernels also spend issue slots on the float scaling of each 32-element block."]
+    return {"study": "ceiling", "bandwidth": bw, "stream": stream, "compute": compute, "int8_peak": peak}, md
+
+
+def int8_peak_gops() -> dict[str, Any] | None:
+    """One core's int8 dot-product instruction rate (2 ops per multiply-add), median of five
+    timings; None where the active ISA has no such instruction."""
+    try:
+        rates = [2 * _C.int8_peak(0.05) / 1e9 for _ in range(5)]
+    except RuntimeError:
+        return None
+    return {"isa": _C.get_isa(), "gops": median(rates), "gops_samples": rates}
 
 
 # -- decode roofline and formats ----------------------------------------------------------------
@@ -535,6 +556,18 @@ def study_peers(s: Settings) -> Report:
             if row:
                 startup.append({"engine": name, "threads": nt, **row})
         del engines
+    # pyinfer's prefill against the compute ceiling: operations per second per core over one
+    # core's int8 instruction peak (the model's quantized matmuls run on int8 dot products).
+    reader = GGUFReader(s.model)
+    int8 = all(t.type in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1) for name, t in reader.tensors.items()
+               if name.startswith("blk.") and len(t.shape) == 2)
+    peak = int8_peak_gops() if int8 else None
+    ops = prefill_ops(reader, pp)
+    for r in rows:
+        if r["engine"] == "pyinfer":
+            r["pp_gops_per_core"] = ops * r["pp"] / pp / 1e9 / r["threads"]
+            if peak is not None:
+                r["pp_pct_of_int8_peak"] = 100 * r["pp_gops_per_core"] / peak["gops"]
     ratios = []
     for r in rows:
         base = next(x for x in rows if x["engine"] == "pyinfer" and x["threads"] == r["threads"])
@@ -562,6 +595,10 @@ def study_peers(s: Settings) -> Report:
           "(above 1: pyinfer is faster).", ""]
     md += table(["engine", "threads", f"pp{pp} tok/s", f"tg{tg} tok/s"],
                 [[r["engine"], r["threads"], f"{r['pp']:.0f}" if "pp" in r else "-", f"{r['tg']:.1f}"] for r in rows])
+    md += [""] + [f"pyinfer's pp{pp} at {r['threads']} thread(s): {r['pp_gops_per_core']:.1f} GOP/s per core"
+                   + (f" = {r['pp_pct_of_int8_peak']:.0f}% of the int8 peak ({peak['gops']:.1f} GOP/s per core, "
+                      "as in the ceiling study)" if peak is not None else "") + "."
+                   for r in rows if "pp_gops_per_core" in r]
     if ratios:
         md += [""] + table(["peer", "threads", f"pp{pp} pyinfer / peer", f"tg{tg} pyinfer / peer"],
                            [[x["peer"], x["threads"], f"{x['pp_ratio']:.2f}x", f"{x['tg_ratio']:.2f}x"] for x in ratios])
@@ -597,7 +634,7 @@ def study_peers(s: Settings) -> Report:
                      for x in startup_ratios])
     if skipped:
         md += [""] + [f"- {k} skipped: {v}" for k, v in skipped.items()]
-    return {"study": "peers", "pp_tokens": pp, "tg_tokens": tg, "rows": rows, "ratios": ratios,
+    return {"study": "peers", "pp_tokens": pp, "tg_tokens": tg, "rows": rows, "ratios": ratios, "int8_peak": peak,
             "startup": startup, "startup_ratios": startup_ratios,
             "startup_settings": {"n_ctx": STARTUP_N_CTX, "load_repeats": load_reps, "ttft_repeats": ttft_reps,
                                  "chat": CHAT, "ttft_max_tokens": TTFT_MAX_TOKENS,
