@@ -41,6 +41,7 @@ void quantize_act_ref(const float* x, block_q8a* dst, int64_t k) {
     dst[ib].sum = sum;
     dst[ib].h4 = act_h4(h, jo);
     dst[ib].jo = jo;
+    dst[ib].dsum = dst[ib].d * static_cast<float>(dst[ib].sum);
   }
 }
 
@@ -125,7 +126,7 @@ void matmul_fast_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, in
         int32_t isum = 0;
         for (int j = 0; j < QK8_A; ++j) isum += q[j] * act_at(xb[ib], j);
         acc += (d * xb[ib].d) * static_cast<float>(isum);
-        if (T == GGML_Q4_1) acc_min += mn * (xb[ib].d * static_cast<float>(xb[ib].sum));
+        if (T == GGML_Q4_1) acc_min += mn * (xb[ib].dsum);
       }
       y[m * ldy + n] = T == GGML_Q4_1 ? acc + acc_min : acc;
     }

@@ -82,6 +82,7 @@ void quantize_act_avx2(const float* x, block_q8a* dst, int64_t k) {
     dst[ib].sum = hsum8_epi32(s);
     dst[ib].h4 = act_h4(h, jo);
     dst[ib].jo = jo;
+    dst[ib].dsum = dst[ib].d * static_cast<float>(dst[ib].sum);
   }
 }
 
@@ -179,7 +180,7 @@ PYINFER_INLINE void fast_tile(int type, int NR, const uint8_t* w, int64_t rb, co
   }
   for (int64_t ib = 0; ib < nb; ++ib) {
     const block_q8a* xb = x + ib;
-    const float s = xb->d * static_cast<float>(xb->sum);
+    const float s = xb->dsum;
     for (int r = 0; r < NR; ++r) {
       const uint8_t* blk = w + r * rb + ib * bb;
       const __m256 p = _mm256_cvtepi32_ps(block_dot(type, blk, xb));
@@ -290,7 +291,7 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
         const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
         acc[c][h] = _mm256_add_ps(acc[c][h], _mm256_mul_ps(f, _mm256_cvtepi32_ps(packed_dot8(type, gb, h, xb))));
         if (type == GGML_Q4_1)
-          acc_min[c][h] = _mm256_add_ps(acc_min[c][h], _mm256_mul_ps(mn, _mm256_set1_ps(xb->d * static_cast<float>(xb->sum))));
+          acc_min[c][h] = _mm256_add_ps(acc_min[c][h], _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum)));
       }
     }
   }

@@ -62,6 +62,7 @@ void quantize_act_avx512(const float* x, block_q8a* dst, int64_t k) {
     dst[ib].d = amax / 127.0f;
     dst[ib].h4 = act_h4(h, jo);
     dst[ib].jo = jo;
+    dst[ib].dsum = dst[ib].d * static_cast<float>(dst[ib].sum);
   }
 }
 
@@ -122,7 +123,7 @@ PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_
       const block_q8a* xb = x + c * nb + ib;
       const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
       const __m256i init = act_init(type, xb);
-      const float s = xb->d * static_cast<float>(xb->sum);
+      const float s = xb->dsum;
       for (int r = 0; r < NR; ++r) {
         __m256i init_r = init;
         if (xb->h4 != 0) {  // a split block: 128 * h * q_w[jo] into lane 0
@@ -234,7 +235,7 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
       const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
       acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum[c])));
       if (type == GGML_Q4_1)
-        acc_min[c] = _mm512_add_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->d * static_cast<float>(xb->sum))));
+        acc_min[c] = _mm512_add_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->dsum)));
     }
   }
   const __mmask16 k = static_cast<__mmask16>((1u << n_valid) - 1);
