@@ -247,6 +247,9 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
                                 int64_t K, int64_t n_rows, float* y, int64_t ldy) {
   const int64_t nb = K / QK8_A;
   const int64_t group_bytes = kPackRows * rb;
+  if (M >= 2)  // the first group: all of its lines requested at once, not found one by one
+    for (int64_t o = 0; o < group_bytes; o += 64)
+      _mm_prefetch(static_cast<const char*>(w) + o, _MM_HINT_T0);
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
     const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
