@@ -214,11 +214,14 @@ void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float
 }
 
 // Row-wise work of a forward pass (norms, RoPE, residual adds, SwiGLU: each row independent
-// of the others) on the pool, kRowGrain rows an item; a decode step's few rows run inline.
-constexpr int64_t kRowGrain = 32;
+// of the others) on the pool, in items of 8 to 32 rows, two per thread where the rows allow
+// (a batched decode step's 16 rows make two items; a prefill's, items of 32); a single decode
+// step's row runs inline.
 template <class F>
 void rows(int n_threads, int64_t n_rows, const F& f) {
-  parallel_for(n_threads, n_rows, kRowGrain, [&](int64_t r0, int64_t r1, int) { f(r0, r1 - r0); });
+  int64_t grain = n_rows / (2 * static_cast<int64_t>(n_threads < 1 ? 1 : n_threads));
+  grain = grain < 8 ? 8 : grain > 32 ? 32 : grain;
+  parallel_for(n_threads, n_rows, grain, [&](int64_t r0, int64_t r1, int) { f(r0, r1 - r0); });
 }
 
 // The forward pass over n_rows token rows (s.ids, s.pos set), cut into segments of one
