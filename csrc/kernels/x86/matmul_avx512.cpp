@@ -215,7 +215,8 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
     if (type == GGML_Q4_1) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32)));
     // Each row's integer sum is one chain of dot steps; the MT rows' chains are interleaved
     // (the split terms after them, behind their branch), so a step never waits on the one
-    // before it. Integer sums do not depend on the order.
+    // before it. Integer sums do not depend on the order. Q8_0 stores q + 128 and Q4_0 q + 8:
+    // each chain starts at -offset * sum(a), which takes that off exactly, in every lane.
     const int off = type == GGML_Q8_0 ? 128 : type == GGML_Q4_0 ? 8 : 0;
     __m512i isum[4];
 #pragma GCC unroll 4
