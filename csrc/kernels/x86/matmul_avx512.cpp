@@ -188,7 +188,8 @@ PYINFER_INLINE __m512i split_dot(int type, const uint8_t* gb, const block_q8a* x
 
 // 16 rows of W (one group, n_valid of them real) against MT activation rows; pf, if set, is
 // the group to prefetch meanwhile.
-PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb,
+template <int MT>
+PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a* x, int64_t nb,
                                 float* y, int64_t ldy, int n_valid, const uint8_t* pf) {
   const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
   const int qo = packed_quants_offset(type);
@@ -213,28 +214,39 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
     __m512 mn = _mm512_setzero_ps();
     if (type == GGML_Q4_1) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32)));
-    // Each row's integer sum is one chain of dot steps; the MT rows' chains are interleaved
-    // (the split terms after them, behind their branch), so a step never waits on the one
-    // before it. Integer sums do not depend on the order. Q8_0 stores q + 128 and Q4_0 q + 8:
-    // each chain starts at -offset * sum(a), which takes that off exactly, in every lane.
+    // Each row's integer sum is NA chains of dot steps (8 / NA steps each, added at the end),
+    // the MT rows' chains interleaved, so that at least four are in flight (vpdpbusd's latency
+    // in steps it could issue); the split terms follow, behind their branch. Integer sums do
+    // not depend on the order. Q8_0 stores q + 128 and Q4_0 q + 8: each row's first chain
+    // starts at -offset * sum(a), which takes that off exactly, in every lane.
+    constexpr int NA = MT >= 4 ? 1 : MT >= 2 ? 2 : 4;
     const int off = type == GGML_Q8_0 ? 128 : type == GGML_Q4_0 ? 8 : 0;
-    __m512i isum[4];
+    __m512i isum[4][NA];
 #pragma GCC unroll 4
-    for (int c = 0; c < MT; ++c) isum[c] = _mm512_set1_epi32(-off * x[c * nb + ib].sum);
+    for (int c = 0; c < MT; ++c) {
+      isum[c][0] = _mm512_set1_epi32(-off * x[c * nb + ib].sum);
+#pragma GCC unroll 4
+      for (int a = 1; a < NA; ++a) isum[c][a] = _mm512_setzero_si512();
+    }
 #pragma GCC unroll 8
     for (int g = 0; g < 8; ++g)
 #pragma GCC unroll 4
-      for (int c = 0; c < MT; ++c) isum[c] = _mm512_dpbusd_epi32(isum[c], wq[g], act4(x + c * nb + ib, g));
+      for (int c = 0; c < MT; ++c)
+        isum[c][g % NA] = _mm512_dpbusd_epi32(isum[c][g % NA], wq[g], act4(x + c * nb + ib, g));
+#pragma GCC unroll 4
+    for (int c = 0; c < MT; ++c)
+#pragma GCC unroll 4
+      for (int a = 1; a < NA; ++a) isum[c][0] = _mm512_add_epi32(isum[c][0], isum[c][a]);
 #pragma GCC unroll 4
     for (int c = 0; c < MT; ++c) {
       const block_q8a* xb = x + c * nb + ib;
-      if (xb->h4 != 0) isum[c] = _mm512_add_epi32(isum[c], split_dot(type, gb, xb));
+      if (xb->h4 != 0) isum[c][0] = _mm512_add_epi32(isum[c][0], split_dot(type, gb, xb));
     }
 #pragma GCC unroll 4
     for (int c = 0; c < MT; ++c) {
       const block_q8a* xb = x + c * nb + ib;
       const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
-      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum[c])));
+      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum[c][0])));
       if (type == GGML_Q4_1)
         acc_min[c] = _mm512_add_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->dsum)));
     }
@@ -259,8 +271,13 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
     // and there the hardware prefetcher alone does better).
     const uint8_t* pf = n + kPackRows < n_rows && M >= 2 ? group + group_bytes : nullptr;
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4, pf = nullptr) packed_tile(type, 4, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
-    for (; m < M; ++m, pf = nullptr) packed_tile(type, 1, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
+    for (; m + 4 <= M; m += 4, pf = nullptr) packed_tile<4>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
+    // The last one to three rows in one tile.
+    const block_q8a* xr = xq + m * nb;
+    float* yr = y + m * ldy + n;
+    if (M - m == 3) packed_tile<3>(type, group, xr, nb, yr, ldy, valid, pf);
+    if (M - m == 2) packed_tile<2>(type, group, xr, nb, yr, ldy, valid, pf);
+    if (M - m == 1) packed_tile<1>(type, group, xr, nb, yr, ldy, valid, pf);
   }
 }
 
