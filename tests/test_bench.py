@@ -129,6 +129,14 @@ def test_batch_prefill_peers_formats(bench_out: Path, tiny: Path) -> None:
         assert r["aggregate_tokens_per_s"] == pytest.approx(float(np.median(r["aggregate_samples"])))
         assert r["achieved_gbps"] == pytest.approx(
             r["aggregate_tokens_per_s"] * (r["weight_bytes_per_token"] + r["kv_bytes_per_token"]) / 1e9)
+        if r["mode"] == "batched":  # the ceiling at B: B tokens per read of the weights, or arithmetic
+            assert r["ceiling_tokens_per_s"] == pytest.approx(studies.batch_ceiling(batch["ceilings"], r["batch"]))
+            assert r["pct_of_ceiling"] == pytest.approx(100 * r["aggregate_tokens_per_s"] / r["ceiling_tokens_per_s"])
+    c = batch["ceilings"]
+    assert c["read_gbps"] > 0
+    mem1 = c["read_gbps"] * 1e9 / (c["weight_bytes_per_step"] + c["kv_bytes_per_token"])
+    assert studies.batch_ceiling(c, 1) == pytest.approx(mem1 if c["int8_tokens_per_s"] is None
+                                                        else min(mem1, c["int8_tokens_per_s"]))
     for r in _load(bench_out, "prefill")["rows"]:
         assert r["prefill_tokens_per_s"] == pytest.approx(r["prompt_tokens"] / r["prefill_s"])
         assert r["gops"] == pytest.approx(r["ops"] / r["prefill_s"] / 1e9)
@@ -195,6 +203,19 @@ def test_peers_startup_ratios(tiny: Path, tmp_path: Path, monkeypatch: pytest.Mo
     assert x["rss_less_repacked_ratio"] == pytest.approx((base["rss_mb"] - base["repacked_mb"]) / peer["rss_mb"])
     text = "\n".join(md)
     assert "RSS less repacked" in text and ("(met)" in text or "(missed)" in text)
+
+
+def test_int8_slots_per_token(tiny: Path, tmp_path: Path) -> None:
+    # Every matrix's multiply-adds, weighted by its type's issue slots; the head is the output
+    # matrix, or the embedding table when tied. A matrix the int8 kernels do not take: None.
+    r = GGUFReader(tiny)
+    mats = [t for n, t in r.tensors.items() if n.startswith("blk.") and len(t.shape) == 2]
+    mats.append(r.tensors.get("output.weight") or r.tensors["token_embd.weight"])
+    assert studies.int8_slots_per_token(r) == pytest.approx(sum(t.n_elements * studies.INT8_SLOTS[t.type]
+                                                                for t in mats))
+    f16 = tmp_path / "tiny.f16.gguf"
+    quantize_model(tiny, f16, "f16")
+    assert studies.int8_slots_per_token(GGUFReader(f16)) is None
 
 
 def test_llama_bench_json_is_parsed() -> None:

@@ -113,6 +113,10 @@ def plot_batch(rep: dict[str, Any], path: Path) -> bool:
                         label=f"{mode}: aggregate")
         ax.plot([r["batch"] for r in rows], [r["per_sequence_tokens_per_s"] for r in rows], "s--",
                 color=line.get_color(), label=f"{mode}: per sequence")
+    capped = [r for r in rep["rows"] if "ceiling_tokens_per_s" in r]
+    if capped:
+        ax.plot([r["batch"] for r in capped], [r["ceiling_tokens_per_s"] for r in capped], ":", color="gray",
+                label="ceiling: bandwidth, then int8 arithmetic")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("sequences B")
     ax.set_ylabel("decode tokens/s")

@@ -287,6 +287,50 @@ def study_context(s: Settings) -> Report:
 # -- batch ---------------------------------------------------------------------------------
 
 
+# The AVX-512 fast kernels' arithmetic for one 32-element block of one activation row against
+# 16 weight rows: 8 vpdpbusd, and the float multiplies that scale the block's integer sums
+# (d_w * d_a, then times the sum; Q4_1 adds m_w * d_a * sum(a)). The multiplies issue on the
+# pipes the dot products use, a slot each (Zen 4: one vmulps per four vpdpbusd cuts their rate
+# by a fifth), so a multiply-add of these types costs 10/8 or 11/8 of a dot-product slot.
+INT8_SLOTS = {GGMLType.Q8_0: 10 / 8, GGMLType.Q4_0: 10 / 8, GGMLType.Q4_1: 11 / 8}
+
+
+def int8_slots_per_token(r: GGUFReader) -> float | None:
+    """Dot-product issue slots, in multiply-adds, of one token's matmuls on the fast path (every
+    layer matrix and the output head, the embedding table when tied); None if a matrix is of a
+    type the int8 kernels do not take."""
+    head = r.tensors.get("output.weight") or r.tensors.get("token_embd.weight")
+    mats = [t for name, t in r.tensors.items() if name.startswith("blk.") and len(t.shape) == 2]
+    total = 0.0
+    for t in mats + ([head] if head is not None else []):
+        if t.type not in INT8_SLOTS:
+            return None
+        total += t.n_elements * INT8_SLOTS[t.type]
+    return total
+
+
+def batch_ceilings(s: Settings, m: Model, nt: int, kv: float) -> dict[str, Any]:
+    """What B sequences could reach at most: memory (B tokens per read of the weights, plus
+    each sequence's KV cache) and, where the model's matrices all take the int8 kernels on the
+    AVX-512 path, arithmetic (the int8 peak on nt cores over the slots a token takes)."""
+    bw = s.bandwidth(nt)
+    gbps = median([bw["n_bytes"] / t / GB for t in bw["seconds"]])
+    out: dict[str, Any] = {"threads": nt, "read_gbps": gbps, "weight_bytes_per_step": m.weight_bytes_per_token,
+                           "kv_bytes_per_token": kv, "int8_tokens_per_s": None}
+    slots = int8_slots_per_token(m.reader)
+    peak = int8_peak_gops() if _C.get_isa() == "avx512" and slots is not None else None
+    if peak is not None:
+        out.update(int8_peak_gops_per_core=peak["gops"], int8_slots_per_token=slots,
+                   int8_tokens_per_s=nt * peak["gops"] / 2 * 1e9 / slots)
+    return out
+
+
+def batch_ceiling(c: dict[str, Any], b: int) -> float:
+    """Aggregate tokens/s bound at B sequences from batch_ceilings."""
+    mem = b * c["read_gbps"] * GB / (c["weight_bytes_per_step"] + b * c["kv_bytes_per_token"])
+    return mem if c["int8_tokens_per_s"] is None else min(mem, c["int8_tokens_per_s"])
+
+
 def study_batch(s: Settings) -> Report:
     """B sequences decoding together: aggregate and per-sequence tokens/s. With the model's
     batched decode (Model.decode_batch: each weight read once per step for all B) beside the
@@ -340,15 +384,36 @@ def study_batch(s: Settings) -> Report:
                          "per_sequence_tokens_per_s": agg / b, "aggregate_samples": samples[mode],
                          "weight_bytes_per_token": wt, "kv_bytes_per_token": kv,
                          "achieved_gbps": agg * (wt + kv) / GB})
+    ceil = batch_ceilings(s, m, nt, kv)
+    for r in rows:
+        if r["mode"] == "batched":
+            r["ceiling_tokens_per_s"] = batch_ceiling(ceil, r["batch"])
+            r["pct_of_ceiling"] = 100 * r["aggregate_tokens_per_s"] / r["ceiling_tokens_per_s"]
     label = ("batched (Model.decode_batch) beside sequential (B contexts stepping in turn)" if batched is not None
              else "sequential only (B contexts stepping in turn; this build has no batched decode)")
     md = ["## Batch", "", f"Modes: {label}. {nt} thread(s), from position {start}, {n_steps} steps; "
           "GB/s counts weights once per step when batched.", ""]
-    md += table(["B", "mode", "aggregate tok/s", "per-sequence tok/s", "MB read per token", "GB/s"],
+    md += table(["B", "mode", "aggregate tok/s", "per-sequence tok/s", "MB read per token", "GB/s", "ceiling tok/s",
+                 "% of ceiling"],
                 [[r["batch"], r["mode"], f"{r['aggregate_tokens_per_s']:.1f}", f"{r['per_sequence_tokens_per_s']:.1f}",
-                  _fmt_mb(r["weight_bytes_per_token"] + r["kv_bytes_per_token"]), f"{r['achieved_gbps']:.1f}"]
-                 for r in rows])
-    return {"study": "batch", "mode": label, "modes": modes, "rows": rows}, md
+                  _fmt_mb(r["weight_bytes_per_token"] + r["kv_bytes_per_token"]), f"{r['achieved_gbps']:.1f}",
+                  f"{r['ceiling_tokens_per_s']:.0f}" if "ceiling_tokens_per_s" in r else "-",
+                  f"{r['pct_of_ceiling']:.0f}%" if "pct_of_ceiling" in r else "-"] for r in rows])
+    md += ["", f"Ceiling of B sequences: B tokens per read of the weights at the read bandwidth measured after "
+           f"the runs ({ceil['read_gbps']:.1f} GB/s, {nt} thread(s)), each with its KV cache"]
+    if ceil["int8_tokens_per_s"] is not None:
+        md[-1] += (f", and at most {ceil['int8_tokens_per_s']:.0f} tok/s from arithmetic: the int8 peak "
+                   f"({ceil['int8_peak_gops_per_core']:.0f} GOP/s per core) over the dot-product issue slots a token's "
+                   f"matmuls take ({ceil['int8_slots_per_token'] / 1e6:.1f} M multiply-adds' worth: 8 dot steps and "
+                   "2 or 3 float multiplies per block of 32 and 16 weight rows)")
+    md[-1] += "."
+    base = next((r for r in rows if r["mode"] == modes[0] and r["batch"] == 1), None)
+    big = next((r for r in rows if r["mode"] == modes[0] and r["batch"] == 16), None)
+    if base is not None and big is not None:
+        md += ["", f"B = 16: {big['aggregate_tokens_per_s'] / base['aggregate_tokens_per_s']:.2f}x one sequence "
+               f"({modes[0]}); the ceiling at B = 16 is {batch_ceiling(ceil, 16) / batch_ceiling(ceil, 1):.2f}x the "
+               "ceiling of one."]
+    return {"study": "batch", "mode": label, "modes": modes, "rows": rows, "ceilings": ceil}, md
 
 
 # -- prefill / TTFT ------------------------------------------------------------------------
