@@ -106,7 +106,7 @@ def plot_context(rep: dict[str, Any], path: Path) -> bool:
 
 def plot_batch(rep: dict[str, Any], path: Path) -> bool:
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 3.8))
+    fig, ax = plt.subplots(figsize=(8, 3.8))
     for mode in rep.get("modes", sorted({r["mode"] for r in rep["rows"]})):
         rows = [r for r in rep["rows"] if r["mode"] == mode]
         line, = ax.plot([r["batch"] for r in rows], [r["aggregate_tokens_per_s"] for r in rows], "o-",
@@ -121,7 +121,7 @@ def plot_batch(rep: dict[str, Any], path: Path) -> bool:
     ax.set_xlabel("sequences B")
     ax.set_ylabel("decode tokens/s")
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: the ceiling is top left
     ax.set_title("Batch: B sequences decoding", fontsize=9)
     return _save(fig, path)
 
