@@ -25,14 +25,18 @@ constexpr int64_t kRowsM = 64;
 // Rows of a quantized W dequantized at a time in exact mode (16 x K floats of scratch).
 constexpr int64_t kDequantRows = 16;
 
-int64_t row_chunk(int64_t N, int n_threads) {
-  // About four chunks per thread, so a thread slowed by a noisy neighbour sheds work, and at
-  // most 256 rows, so the dequantized scratch and the chunk of W stay cache-sized.
-  int64_t c = (N + 4 * n_threads - 1) / (4 * n_threads);
+// W's rows per chunk: one contiguous share per thread. Every new run of rows a thread starts
+// costs a ramp-up of the hardware prefetchers and a cold first group; on 2 threads one share
+// each decoded 12-18% faster and prefilled 5% faster than four chunks each (alternating runs,
+// noise included, which the finer split was meant to absorb). Where the activations come in
+// several blocks of kRowsM rows, each block passes over the chunk, so the chunk is also capped
+// to stay in L2 meanwhile (kChunkBytes of W).
+constexpr int64_t kChunkBytes = int64_t{512} << 10;
+int64_t row_chunk(int64_t N, int n_threads, int64_t M, int64_t row_bytes) {
+  int64_t c = (N + n_threads - 1) / n_threads;
+  if (M > kRowsM && c * row_bytes > kChunkBytes) c = kChunkBytes / row_bytes;
   c = (c + kRowGrain - 1) / kRowGrain * kRowGrain;
-  if (c < kRowGrain) c = kRowGrain;
-  if (c > 256) c = 256;
-  return c;
+  return c < kRowGrain ? kRowGrain : c;
 }
 
 }  // namespace
@@ -50,13 +54,18 @@ int64_t matmul_row_bytes(uint32_t w_type, int64_t K) {
 
 namespace {
 
-// Splits W's N rows over the threads (chunks of row_chunk rows), each chunk taking the
-// activation rows kRowsM at a time: call(n0, n1, m0, mc) for W rows [n0, n1) and activation
+// Splits W's N rows (row_bytes each) over the threads in chunks of row_chunk rows, each
+// taking the activation rows kRowsM at a time: call(n0, n1, m0, mc) for W rows [n0, n1) and activation
 // rows [m0, m0 + mc).
 template <class Call>
-void over_chunks(int n_threads, int64_t M, int64_t N, const Call& call) {
-  parallel_for(n_threads, N, row_chunk(N, n_threads), [&](int64_t n0, int64_t n1, int) {
-    for (int64_t m0 = 0; m0 < M; m0 += kRowsM) call(n0, n1, m0, M - m0 < kRowsM ? M - m0 : kRowsM);
+void over_chunks(int n_threads, int64_t M, int64_t N, int64_t row_bytes, const Call& call) {
+  const int64_t c = row_chunk(N, n_threads, M, row_bytes);
+  parallel_for(n_threads, N, c, [&](int64_t n0, int64_t n1, int) {
+    // One thread gets the whole range: still a chunk at a time, for the cap's sake.
+    for (int64_t a = n0; a < n1; a += c) {
+      const int64_t b = n1 - a < c ? n1 : a + c;
+      for (int64_t m0 = 0; m0 < M; m0 += kRowsM) call(a, b, m0, M - m0 < kRowsM ? M - m0 : kRowsM);
+    }
   });
 }
 
@@ -71,7 +80,7 @@ void matmul_fast_rows(const KernelTable& kt, MatmulFastFn fn, const WAt& w_at, i
   parallel_for(n_threads, M, 8, [&](int64_t m0, int64_t m1, int) {
     for (int64_t m = m0; m < m1; ++m) kt.quantize_act(x + m * K, xq.get() + m * nb, K);
   });
-  over_chunks(n_threads, M, N, [&](int64_t n0, int64_t n1, int64_t m0, int64_t mc) {
+  over_chunks(n_threads, M, N, row_bytes, [&](int64_t n0, int64_t n1, int64_t m0, int64_t mc) {
     fn(w_at(n0), row_bytes, xq.get() + m0 * nb, mc, K, n1 - n0, y + m0 * N + n0, N);
   });
 }
@@ -91,8 +100,6 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
   if (n_threads < 1) n_threads = 1;
   const KernelTable& kt = kernels();
   const auto* wb = static_cast<const uint8_t*>(w);
-  const int64_t chunk = row_chunk(N, n_threads);
-
   if (mode == MatmulMode::fast && kt.matmul_fast[w_type] != nullptr) {
     matmul_fast_rows(kt, kt.matmul_fast[w_type], [&](int64_t n0) { return wb + n0 * row_bytes; }, row_bytes, x, M, K,
                      N, y, n_threads);
@@ -101,7 +108,7 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
 
   if (kt.matmul_exact[w_type] != nullptr) {
     const MatmulExactFn fn = kt.matmul_exact[w_type];
-    over_chunks(n_threads, M, N, [&](int64_t n0, int64_t n1, int64_t m0, int64_t mc) {
+    over_chunks(n_threads, M, N, row_bytes, [&](int64_t n0, int64_t n1, int64_t m0, int64_t mc) {
       fn(wb + n0 * row_bytes, row_bytes, x + m0 * K, mc, K, n1 - n0, y + m0 * N + n0, N);
     });
     return;
@@ -114,7 +121,7 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
   const MatmulExactFn f32 = kt.matmul_exact[GGML_F32];
   if (dq == nullptr || f32 == nullptr)
     throw std::invalid_argument("matmul: no kernel for weight type id " + std::to_string(w_type));
-  parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
+  parallel_for(n_threads, N, row_chunk(N, n_threads, M, row_bytes), [&](int64_t n0, int64_t n1, int) {
     std::vector<float> rows(static_cast<size_t>(kDequantRows * K));  // [kDequantRows, K]
     for (int64_t r0 = n0; r0 < n1; r0 += kDequantRows) {
       const int64_t nr = n1 - r0 < kDequantRows ? n1 - r0 : kDequantRows;
@@ -213,7 +220,7 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   const int64_t row_bytes = matmul_row_bytes(w_type, K);
   const int64_t group_bytes = kPackRows * row_bytes;
   const auto* wp = static_cast<const uint8_t*>(packed);
-  const int64_t chunk = row_chunk(N, n_threads);  // a multiple of kPackRows
+  const int64_t chunk = row_chunk(N, n_threads, M, row_bytes);  // a multiple of kPackRows
 
   if (mode == MatmulMode::fast) {
     matmul_fast_rows(kt, kt.matmul_fast_packed[w_type], [&](int64_t n0) { return wp + n0 / kPackRows * group_bytes; },
