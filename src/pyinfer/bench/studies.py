@@ -624,9 +624,7 @@ def study_peers(s: Settings) -> Report:
     # pyinfer's prefill against the compute ceiling: operations per second per core over one
     # core's int8 instruction peak (the model's quantized matmuls run on int8 dot products).
     reader = GGUFReader(s.model)
-    int8 = all(t.type in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1) for name, t in reader.tensors.items()
-               if name.startswith("blk.") and len(t.shape) == 2)
-    peak = int8_peak_gops() if int8 else None
+    peak = int8_peak_gops() if int8_slots_per_token(reader) is not None else None
     ops = prefill_ops(reader, pp)
     for r in rows:
         if r["engine"] == "pyinfer":
