@@ -55,8 +55,8 @@ int64_t matmul_row_bytes(uint32_t w_type, int64_t K) {
 namespace {
 
 // Splits W's N rows (row_bytes each) over the threads in chunks of row_chunk rows, each
-// taking the activation rows kRowsM at a time: call(n0, n1, m0, mc) for W rows [n0, n1) and activation
-// rows [m0, m0 + mc).
+// taking the activation rows kRowsM at a time: call(n0, n1, m0, mc) for W rows [n0, n1) and
+// activation rows [m0, m0 + mc).
 template <class Call>
 void over_chunks(int n_threads, int64_t M, int64_t N, int64_t row_bytes, const Call& call) {
   const int64_t c = row_chunk(N, n_threads, M, row_bytes);
