@@ -271,7 +271,7 @@ void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float
       for (int j = 0; j < QK8_A; ++j) q[m * K + ib * QK8_A + j] = b.qs[j];
       d[m * nb + ib] = b.d;
       sum[m * nb + ib] = b.sum;
-      h[m * nb + ib] = static_cast<int8_t>(b.h4 >> (8 * (b.jo % 4)));
+      h[m * nb + ib] = static_cast<int8_t>(act_h(b));
       jo[m * nb + ib] = b.jo;
     }
   }

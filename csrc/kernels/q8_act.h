@@ -46,4 +46,23 @@ static inline int32_t act_h4(int h, int jo) {
   return static_cast<int32_t>(static_cast<uint32_t>(static_cast<uint8_t>(h)) << (8 * (jo % 4)));
 }
 
+// h of a block (0 when it is not split).
+static inline int act_h(const block_q8a& b) { return static_cast<int8_t>(b.h4 >> (8 * (b.jo % 4))); }
+
+// The block's amax from m1, its largest magnitude, and m2, the largest of the others; *split:
+// whether the largest is kept apart.
+static inline float act_amax(float m1, float m2, bool* split) {
+  *split = m1 > 2.0f * m2;  // a clear outlier: the others set the scale
+  return *split ? (m2 > m1 / 128.0f ? m2 : m1 / 128.0f) : m1;
+}
+
+// Every field but the quants, once they are written.
+static inline void act_finish(block_q8a& b, float amax, int32_t sum, int h, int jo) {
+  b.d = amax / 127.0f;
+  b.sum = sum;
+  b.h4 = act_h4(h, jo);
+  b.jo = jo;
+  b.dsum = b.d * static_cast<float>(sum);
+}
+
 }  // namespace pyinfer

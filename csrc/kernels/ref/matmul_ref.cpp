@@ -25,9 +25,8 @@ void quantize_act_ref(const float* x, block_q8a* dst, int64_t k) {
     float m2 = 0.0f;
     for (int j = 0; j < QK8_A; ++j)
       if (j != jo) m2 = std::fmax(m2, std::fabs(x[j]));
-    const float m1 = std::fabs(x[jo]);
-    const bool split = m1 > 2.0f * m2;  // a clear outlier: the others set the scale
-    const float amax = split ? std::fmax(m2, m1 / 128.0f) : m1;
+    bool split;
+    const float amax = act_amax(std::fabs(x[jo]), m2, &split);
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
     int h = 0;
@@ -37,17 +36,13 @@ void quantize_act_ref(const float* x, block_q8a* dst, int64_t k) {
       dst[ib].qs[j] = static_cast<int8_t>(j == jo && split ? act_split(q, &h) : q);
       sum += q;
     }
-    dst[ib].d = amax / 127.0f;
-    dst[ib].sum = sum;
-    dst[ib].h4 = act_h4(h, jo);
-    dst[ib].jo = jo;
-    dst[ib].dsum = dst[ib].d * static_cast<float>(dst[ib].sum);
+    act_finish(dst[ib], amax, sum, h, jo);
   }
 }
 
 // The activation block's integers a_j (a_jo whole).
 inline int act_at(const block_q8a& b, int j) {
-  return j == b.jo ? b.qs[j] + 128 * static_cast<int8_t>(b.h4 >> (8 * (j % 4))) : b.qs[j];
+  return j == b.jo ? b.qs[j] + 128 * act_h(b) : b.qs[j];
 }
 
 // ---- exact mode: float weights ---------------------------------------------------------
@@ -126,7 +121,7 @@ void matmul_fast_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, in
         int32_t isum = 0;
         for (int j = 0; j < QK8_A; ++j) isum += q[j] * act_at(xb[ib], j);
         acc += (d * xb[ib].d) * static_cast<float>(isum);
-        if (T == GGML_Q4_1) acc_min += mn * (xb[ib].dsum);
+        if (T == GGML_Q4_1) acc_min += mn * xb[ib].dsum;
       }
       y[m * ldy + n] = T == GGML_Q4_1 ? acc + acc_min : acc;
     }

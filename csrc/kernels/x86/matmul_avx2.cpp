@@ -61,8 +61,8 @@ void quantize_act_avx2(const float* x, block_q8a* dst, int64_t k) {
     for (int i = 0; i < 4; ++i)
       rest[i] = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(lane, _mm256_set1_epi32(jo - 8 * i))), a[i]);
     const float m2 = hmax8(_mm256_max_ps(_mm256_max_ps(rest[0], rest[1]), _mm256_max_ps(rest[2], rest[3])));
-    const bool split = m1 > 2.0f * m2;
-    const float amax = split ? (m2 > m1 / 128.0f ? m2 : m1 / 128.0f) : m1;
+    bool split;
+    const float amax = act_amax(m1, m2, &split);
     const float idf = amax != 0.0f ? 127.0f / amax : 0.0f;
     const __m256 id = _mm256_set1_ps(idf);
     __m256i q[4];
@@ -78,13 +78,11 @@ void quantize_act_avx2(const float* x, block_q8a* dst, int64_t k) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[ib].qs), ordered);
     int h = 0;
     if (split) dst[ib].qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
-    dst[ib].d = amax / 127.0f;
-    dst[ib].sum = hsum8_epi32(s);
-    dst[ib].h4 = act_h4(h, jo);
-    dst[ib].jo = jo;
-    dst[ib].dsum = dst[ib].d * static_cast<float>(dst[ib].sum);
+    act_finish(dst[ib], amax, hsum8_epi32(s), h, jo);
   }
 }
+
+// ---- exact mode: float weights -----------------------------------------------------------
 
 // 8 weights of a row from element k, as float32. type: GGML_F32, GGML_F16 or GGML_BF16.
 PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
@@ -146,8 +144,7 @@ PYINFER_INLINE int block_bytes(int type) {
 // q_w as the dot product above takes it: Q8_0 signed, Q4 the stored nibble.
 PYINFER_INLINE __m256i add_split(int type, __m256i p, const uint8_t* blk, const block_q8a* xb) {
   if (xb->h4 == 0) return p;
-  const int jo = xb->jo, h = static_cast<int8_t>(xb->h4 >> (8 * (jo % 4)));
-  return _mm256_add_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(128 * h * stored_quant(type, blk, jo))));
+  return _mm256_add_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(128 * act_h(*xb) * stored_quant(type, blk, xb->jo))));
 }
 
 PYINFER_INLINE __m256i block_dot(int type, const uint8_t* blk, const block_q8a* xb) {

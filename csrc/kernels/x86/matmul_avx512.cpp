@@ -47,22 +47,18 @@ void quantize_act_avx512(const float* x, block_q8a* dst, int64_t k) {
     const uint32_t rest = ~(1u << jo);  // every element but jo
     const float m2 = max32(_mm512_maskz_mov_ps(static_cast<__mmask16>(rest), a0),
                            _mm512_maskz_mov_ps(static_cast<__mmask16>(rest >> 16), a1));
-    const bool split = m1 > 2.0f * m2;  // a clear outlier: the others set the scale
-    const float amax = split ? (m2 > m1 / 128.0f ? m2 : m1 / 128.0f) : m1;
+    bool split;
+    const float amax = act_amax(m1, m2, &split);
     const float idf = amax != 0.0f ? 127.0f / amax : 0.0f;
     const __m512 id = _mm512_set1_ps(idf);
     // cvtps rounds half to even in the default rounding mode, like nearbyint.
     const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
     const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-    dst[ib].sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[ib].qs), _mm512_cvtepi32_epi8(q0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[ib].qs + 16), _mm512_cvtepi32_epi8(q1));
     int h = 0;
     if (split) dst[ib].qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
-    dst[ib].d = amax / 127.0f;
-    dst[ib].h4 = act_h4(h, jo);
-    dst[ib].jo = jo;
-    dst[ib].dsum = dst[ib].d * static_cast<float>(dst[ib].sum);
+    act_finish(dst[ib], amax, _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)), h, jo);
   }
 }
 
@@ -127,9 +123,8 @@ PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_
       for (int r = 0; r < NR; ++r) {
         __m256i init_r = init;
         if (xb->h4 != 0) {  // a split block: 128 * h * q_w[jo] into lane 0
-          const int h = static_cast<int8_t>(xb->h4 >> (8 * (xb->jo % 4)));
           init_r = _mm256_add_epi32(init, _mm256_zextsi128_si256(_mm_cvtsi32_si128(
-                                              128 * h * stored_quant(type, w + r * rb + ib * bb, xb->jo))));
+                                              128 * act_h(*xb) * stored_quant(type, w + r * rb + ib * bb, xb->jo))));
         }
         const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(init_r, wq[r], act_q(type, a, wraw[r])));
         acc[r][c] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[r] * xb->d), acc[r][c]);
