@@ -1,13 +1,25 @@
 // attn_groups.h: the ISA-independent part of the SIMD attention kernels (dispatch.h, AttnTile):
-// how a tile's queries form register groups, what each query of a group reads and writes, and
-// which key blocks the tile spans. The functions are static and the struct has no code, so
-// every ISA's file keeps its own copy (as with half.h).
+// how a tile's queries form register groups, what each query of a group reads and writes,
+// which key blocks the tile spans and in what steps, and the softmax's bookkeeping. The
+// functions are static and the structs have no code, so every ISA's file keeps its own copy
+// (as with half.h).
 #pragma once
 #include <cstdint>
 
 #include "dispatch.h"
 
+// The attention kernels' short loops over queries, key blocks and output chunks have compile-time
+// counts; unrolling them where they are written lets GCC keep the accumulator arrays in
+// registers (unrolled only later, the arrays stay in memory and are stored every iteration).
+#define UNROLL _Pragma("GCC unroll 16")
+
 namespace pyinfer {
+
+// A count as a type, so a generic lambda can take it as a template argument (Count<N>::value).
+template <int N>
+struct Count {
+  static constexpr int value = N;
+};
 
 // The queries of one register group of a tile: where each reads and writes, and the positions
 // it sees.
@@ -32,18 +44,67 @@ static inline AttnQueries<RG> attn_queries(const AttnTile& t, int64_t i0) {
   return g;
 }
 
-// Calls group(rg, i, b0, b1, s, ls) for the tile's queries in register groups of at most four,
-// as even as can be (nine: 3 + 3 + 3): queries i..i + rg - 1, key blocks b0..b1 (the tile's
-// span), s their rows of ls scores.
+// Calls group(Count<rg>(), i, b0, b1, s, ls) for the tile's queries in register groups of at
+// most four, as even as can be (nine: 3 + 3 + 3): queries i..i + rg - 1, key blocks b0..b1
+// (the tile's span), s their rows of ls scores.
 template <class Group>
 static inline void attn_groups(const AttnTile& t, const Group& group) {
   const int64_t b0 = attn_first(t, 0) / kKeyBlock, b1 = (t.last + t.n_rows - 1) / kKeyBlock;
   const int64_t ls = (b1 - b0 + 1) * kKeyBlock, n_q = t.n_rows * t.n_heads;
   for (int64_t i = 0; i < n_q;) {
     const int64_t left = n_q - i, n_groups = (left + 3) / 4, rg = (left + n_groups - 1) / n_groups;
-    group(static_cast<int>(rg), i, b0, b1, t.scores + i * ls, ls);
+    float* s = t.scores + i * ls;
+    switch (rg) {
+      case 1: group(Count<1>(), i, b0, b1, s, ls); break;
+      case 2: group(Count<2>(), i, b0, b1, s, ls); break;
+      case 3: group(Count<3>(), i, b0, b1, s, ls); break;
+      default: group(Count<4>(), i, b0, b1, s, ls); break;
+    }
     i += rg;
   }
+}
+
+// Calls score(Count<n>(), k, at) over the tile's key blocks b0..b1: NB blocks at a time while
+// that many are left before the last, then one at a time, the last one from t.k_last. k: the
+// first of the n blocks (elem_bytes per cached element), at: its first score's index.
+template <int NB, class Score>
+static inline void attn_key_blocks(const AttnTile& t, int64_t b0, int64_t b1, int64_t elem_bytes, const Score& score) {
+  const int64_t block_bytes = t.head_dim * kKeyBlock * elem_bytes;
+  const auto* kb = static_cast<const uint8_t*>(t.k) + b0 * block_bytes;
+  int64_t b = 0;  // blocks from b0
+  for (; b + NB <= b1 - b0; b += NB) score(Count<NB>(), kb + b * block_bytes, b * kKeyBlock);
+  for (; b < b1 - b0; ++b) score(Count<1>(), kb + b * block_bytes, b * kKeyBlock);
+  score(Count<1>(), t.k_last, b * kKeyBlock);
+}
+
+// Softmax over each query's own positions: its scores (row r of s, position j at
+// s[r * ls + j - base]) become exp(score - max) in place through exp_sum(p, n), which returns
+// their sum; inv[r] = 1 / that sum.
+template <int RG, class ExpSum>
+static inline void attn_softmax(const AttnQueries<RG>& g, float* s, int64_t ls, int64_t base, float* inv,
+                                const ExpSum& exp_sum) {
+  for (int r = 0; r < RG; ++r) {
+    float* p = s + r * ls + g.first[r] - base;
+    inv[r] = 1.0f / exp_sum(p, g.last[r] + 1 - g.first[r]);
+  }
+}
+
+// Positions the group's queries see: lo..hi by any of them, all_lo..all_hi by every one
+// (all_lo = hi + 1, all_hi = hi when no position is common to all).
+struct AttnReach {
+  int64_t lo, hi, all_lo, all_hi;
+};
+template <int RG>
+static inline AttnReach attn_reach(const AttnQueries<RG>& g) {
+  AttnReach a{g.first[0], g.last[0], g.first[0], g.last[0]};
+  for (int r = 1; r < RG; ++r) {
+    a.lo = g.first[r] < a.lo ? g.first[r] : a.lo;
+    a.hi = g.last[r] > a.hi ? g.last[r] : a.hi;
+    a.all_lo = g.first[r] > a.all_lo ? g.first[r] : a.all_lo;
+    a.all_hi = g.last[r] < a.all_hi ? g.last[r] : a.all_hi;
+  }
+  if (a.all_lo > a.all_hi) a.all_lo = a.hi + 1, a.all_hi = a.hi;
+  return a;
 }
 
 }  // namespace pyinfer

@@ -188,11 +188,6 @@ inline __m256 kv8(const void* p, int64_t idx, int64_t r, bool f16) {
   return _mm256_loadu_ps(tmp);
 }
 
-// The attention kernels' short loops over queries, key blocks and output chunks have compile-time
-// counts; unrolling them where they are written lets GCC keep the accumulator arrays in
-// registers (unrolled only later, the arrays stay in memory and are stored every iteration).
-#define UNROLL _Pragma("GCC unroll 16")
-
 // 8 whole cached elements from p[idx..] as float32.
 template <bool F16>
 inline __m256 kv8_full(const void* p, int64_t idx) {
@@ -257,17 +252,10 @@ inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, i
   __m256 acc[RG][C];
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-  int64_t lo = g.first[0], hi = g.last[0], all_lo = g.first[0], all_hi = g.last[0];
-  for (int r = 1; r < RG; ++r) {
-    lo = g.first[r] < lo ? g.first[r] : lo;
-    hi = g.last[r] > hi ? g.last[r] : hi;
-    all_lo = g.first[r] > all_lo ? g.first[r] : all_lo;
-    all_hi = g.last[r] < all_hi ? g.last[r] : all_hi;
-  }
-  if (all_lo > all_hi) all_lo = hi + 1, all_hi = hi;  // no position common to all
-  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, lo, all_lo - 1, head_dim, i0, tail);
-  weigh_range<RG, C, F16, false>(acc, g, p, ls, base, v, all_lo, all_hi, head_dim, i0, tail);
-  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, all_hi + 1, hi, head_dim, i0, tail);
+  const AttnReach a = attn_reach(g);
+  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, a.lo, a.all_lo - 1, head_dim, i0, tail);
+  weigh_range<RG, C, F16, false>(acc, g, p, ls, base, v, a.all_lo, a.all_hi, head_dim, i0, tail);
+  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, a.all_hi + 1, a.hi, head_dim, i0, tail);
   UNROLL for (int r = 0; r < RG; ++r) {
     const __m256 iv = _mm256_set1_ps(inv[r]);
     UNROLL for (int c = 0; c < C; ++c)
@@ -284,21 +272,12 @@ void attend(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, float* s, int
   const int64_t hd = t.head_dim;
   const AttnQueries<RG> g = attn_queries<RG>(t, i0);
   constexpr int NB = RG >= 3 ? 1 : 2;
-  const int64_t block_bytes = hd * kKeyBlock * (F16 ? 2 : 4);
-  const auto* kb = static_cast<const uint8_t*>(t.k) + b0 * block_bytes;
-  int64_t b = 0;  // blocks from b0; the last one comes from k_last
-  for (; b + NB <= b1 - b0; b += NB)
-    score_blocks<RG, NB, F16>(g, hd, kb + b * block_bytes, t.scale, s + b * kKeyBlock, ls);
-  for (; b < b1 - b0; ++b)
-    score_blocks<RG, 1, F16>(g, hd, kb + b * block_bytes, t.scale, s + b * kKeyBlock, ls);
-  score_blocks<RG, 1, F16>(g, hd, t.k_last, t.scale, s + b * kKeyBlock, ls);
+  attn_key_blocks<NB>(t, b0, b1, F16 ? 2 : 4, [&](auto nb, const void* k, int64_t at) {
+    score_blocks<RG, decltype(nb)::value, F16>(g, hd, k, t.scale, s + at, ls);
+  });
   const int64_t base = b0 * kKeyBlock;
   float inv[RG];
-  for (int r = 0; r < RG; ++r) {
-    float* p = s + r * ls + g.first[r] - base;
-    const int64_t n = g.last[r] + 1 - g.first[r];
-    inv[r] = 1.0f / exp_shift_sum(p, p, n, max_f32(p, n));
-  }
+  attn_softmax(g, s, ls, base, inv, [](float* p, int64_t n) { return exp_shift_sum(p, p, n, max_f32(p, n)); });
   constexpr int C = RG <= 2 ? 4 : RG == 3 ? 3 : 2;
   for (int64_t i = 0; i < hd; i += 8 * C) {
     const int64_t rest = hd - i, chunks = (rest + 7) / 8;
@@ -313,13 +292,8 @@ void attend(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, float* s, int
 // The tile's queries in register groups (attn_groups).
 template <bool F16>
 void attention_avx2(const AttnTile& t) {
-  attn_groups(t, [&](int rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
-    switch (rg) {
-      case 1: attend<1, F16>(t, i, b0, b1, s, ls); break;
-      case 2: attend<2, F16>(t, i, b0, b1, s, ls); break;
-      case 3: attend<3, F16>(t, i, b0, b1, s, ls); break;
-      default: attend<4, F16>(t, i, b0, b1, s, ls); break;
-    }
+  attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
+    attend<decltype(rg)::value, F16>(t, i, b0, b1, s, ls);
   });
 }
 
