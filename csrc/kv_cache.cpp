@@ -32,17 +32,23 @@ inline int64_t key_at(int64_t p, int64_t d, int64_t hd, bool row_major) {
   return block + (row_major ? r * hd + d : d * kKeyBlock + r);
 }
 
+// Rows 0..n-1 of a row-major key block, transposed into out [hd][kKeyBlock].
+template <typename T>
+void transpose_keys(const T* rows, int64_t n, int64_t hd, T* out) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t d = 0; d < hd; ++d) out[d * kKeyBlock + r] = rows[r * hd + d];
+}
+
 // Moves the first n positions of one key block [kKeyBlock * hd] to the other layout.
 template <typename T>
 void relayout_keys(T* block, int64_t n, int64_t hd, bool to_row_major) {
   const std::vector<T> was(block, block + hd * kKeyBlock);
+  if (!to_row_major) {
+    transpose_keys(was.data(), n, hd, block);
+    return;
+  }
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t d = 0; d < hd; ++d) {
-      if (to_row_major)
-        block[r * hd + d] = was[static_cast<size_t>(d * kKeyBlock + r)];
-      else
-        block[d * kKeyBlock + r] = was[static_cast<size_t>(r * hd + d)];
-    }
+    for (int64_t d = 0; d < hd; ++d) block[r * hd + d] = was[static_cast<size_t>(d * kKeyBlock + r)];
 }
 
 template <typename T>
@@ -53,13 +59,6 @@ void put_key(T* region, int64_t p, const T* src, int64_t hd, bool row_major) {
   } else {
     for (int64_t d = 0; d < hd; ++d) at[d * kKeyBlock] = src[d];
   }
-}
-
-// Rows 0..n-1 of a row-major key block, transposed into out [hd][kKeyBlock].
-template <typename T>
-void transpose_keys(const T* rows, int64_t n, int64_t hd, T* out) {
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t d = 0; d < hd; ++d) out[d * kKeyBlock + r] = rows[r * hd + d];
 }
 
 }  // namespace

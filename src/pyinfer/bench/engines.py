@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import subprocess
 import sys
 import time
@@ -265,8 +264,7 @@ def resident_memory(engine: str, path: Path, n_threads: int, n_ctx: int, prompt:
     if engine not in STARTUP_MODULES:
         raise ValueError(f"no start-up measurement for {engine!r}")
     r = subprocess.run([sys.executable, "-c", _RSS_PROBE, STARTUP_MODULES[engine], str(path), str(n_threads),
-                        str(n_ctx), prompt], capture_output=True, text=True, timeout=600, check=False,
-                       env=os.environ.copy())
+                        str(n_ctx), prompt], capture_output=True, text=True, timeout=600, check=False)
     if r.returncode != 0:
         raise RuntimeError(f"memory probe failed ({r.returncode}): {r.stderr.strip()[-500:]}")
     got = json.loads(r.stdout.strip().splitlines()[-1])

@@ -313,9 +313,7 @@ def batch_ceilings(s: Settings, m: Model, nt: int, kv: float) -> dict[str, Any]:
     """What B sequences could reach at most: memory (B tokens per read of the weights, plus
     each sequence's KV cache) and, where the model's matrices all take the int8 kernels on the
     AVX-512 path, arithmetic (the int8 peak on nt cores over the slots a token takes)."""
-    bw = s.bandwidth(nt)
-    gbps = median([bw["n_bytes"] / t / GB for t in bw["seconds"]])
-    out: dict[str, Any] = {"threads": nt, "read_gbps": gbps, "weight_bytes_per_step": m.weight_bytes_per_token,
+    out: dict[str, Any] = {"threads": nt, "read_gbps": s.bandwidth(nt)["median_gbps"], "weight_bytes_per_step": m.weight_bytes_per_token,
                            "kv_bytes_per_token": kv, "int8_tokens_per_s": None}
     slots = int8_slots_per_token(m.reader)
     peak = int8_peak_gops() if _C.get_isa() == "avx512" and slots is not None else None
