@@ -220,8 +220,6 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   const int64_t row_bytes = matmul_row_bytes(w_type, K);
   const int64_t group_bytes = kPackRows * row_bytes;
   const auto* wp = static_cast<const uint8_t*>(packed);
-  const int64_t chunk = row_chunk(N, n_threads, M, row_bytes);  // a multiple of kPackRows
-
   if (mode == MatmulMode::fast) {
     matmul_fast_rows(kt, kt.matmul_fast_packed[w_type], [&](int64_t n0) { return wp + n0 / kPackRows * group_bytes; },
                      row_bytes, x, M, K, N, y, n_threads);
@@ -231,7 +229,8 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   // matmul does on the unpacked weights.
   const DequantRowFn dq = kt.dequant_row[w_type];
   const MatmulExactFn f32 = kt.matmul_exact[GGML_F32];
-  parallel_for(n_threads, N, chunk, [&](int64_t n0, int64_t n1, int) {
+  // Chunks are a multiple of kPackRows rows.
+  parallel_for(n_threads, N, row_chunk(N, n_threads, M, row_bytes), [&](int64_t n0, int64_t n1, int) {
     std::vector<uint8_t> raw(static_cast<size_t>(group_bytes));     // [16 rows, row_bytes]
     std::vector<float> rows(static_cast<size_t>(kPackRows * K));  // [16, K]
     for (int64_t r0 = n0; r0 < n1; r0 += kPackRows) {

@@ -185,9 +185,11 @@ struct Segment {
 // attention together, so the appends run in parallel and each is still in cache when read.
 void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float* k, const float* v,
                        int64_t kv_stride, const std::vector<AttentionArgs>& args, int n_threads) {
-  if (segs.size() == 1) {
-    const Segment& g = segs[0];
+  const auto append = [&](const Segment& g) {
     g.cache->append(il, k + g.row0 * kv_stride, kv_stride, v + g.row0 * kv_stride, kv_stride, g.pos, g.n);
+  };
+  if (segs.size() == 1) {
+    append(segs[0]);
     attention(args[0], n_threads);
     return;
   }
@@ -205,8 +207,7 @@ void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float
   std::vector<float> scratch(static_cast<size_t>(n_scratch) * static_cast<size_t>(n_threads));
   parallel_for(n_threads, static_cast<int64_t>(segs.size()), 1, [&](int64_t i0, int64_t i1, int tid) {
     for (int64_t i = i0; i < i1; ++i) {
-      const Segment& g = segs[static_cast<size_t>(i)];
-      g.cache->append(il, k + g.row0 * kv_stride, kv_stride, v + g.row0 * kv_stride, kv_stride, g.pos, g.n);
+      append(segs[static_cast<size_t>(i)]);
       const AttentionArgs& a = args[static_cast<size_t>(i)];
       attention_range(a, 0, attention_items(a), scratch.data() + static_cast<size_t>(tid) * n_scratch);
     }
