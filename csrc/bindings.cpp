@@ -15,7 +15,7 @@
 #include "kv_cache.h"
 #include "ops.h"
 #include "matmul.h"
-#include "model_llama.h"
+#include "models/model.h"
 #include "threadpool.h"
 
 namespace py = pybind11;
@@ -244,7 +244,8 @@ py::array_t<float> rms_norm_py(py::array x, py::array w, float eps, std::optiona
   return y;
 }
 
-py::array rope_py(py::array x, py::object pos, int64_t n_heads, int64_t head_dim, float base, bool neox) {
+py::array rope_py(py::array x, py::object pos, int64_t n_heads, int64_t head_dim, float base, bool neox,
+                  float freq_scale, std::optional<py::array> factors) {
   require_f32(x, "x");
   if (!x.writeable()) throw py::value_error("x must be writeable: rope rotates it in place");
   if (head_dim < 2 || head_dim % 2 != 0 || head_dim > kRopeMaxDim)
@@ -252,6 +253,17 @@ py::array rope_py(py::array x, py::object pos, int64_t n_heads, int64_t head_dim
                           std::to_string(head_dim));
   if (n_heads < 1) throw py::value_error("n_heads must be >= 1");
   if (!(base > 0.0f)) throw py::value_error("base must be > 0");
+  if (!(freq_scale > 0.0f)) throw py::value_error("freq_scale must be > 0");
+  RopeFreqs freqs{base, freq_scale, nullptr};
+  if (factors) {
+    require_f32(*factors, "factors");
+    if (factors->ndim() != 1 || factors->shape(0) != head_dim / 2)
+      throw py::value_error("factors must have shape (head_dim / 2 = " + std::to_string(head_dim / 2) + ",), got " +
+                            shape_str(*factors));
+    freqs.factors = static_cast<const float*>(factors->data());
+    for (int64_t i = 0; i < head_dim / 2; ++i)
+      if (!(freqs.factors[i] > 0.0f)) throw py::value_error("factors must be > 0");
+  }
   const int64_t width = n_heads * head_dim;
   if (x.ndim() < 1 || x.ndim() > 2 || x.shape(x.ndim() - 1) != width)
     throw py::value_error("x must have shape (M, n_heads * head_dim = " + std::to_string(width) + ") or (" +
@@ -276,7 +288,7 @@ py::array rope_py(py::array x, py::object pos, int64_t n_heads, int64_t head_dim
   {
     py::gil_scoped_release release;
     std::vector<float> cos_sin(static_cast<size_t>(m * head_dim));
-    rope_table(positions.data(), m, head_dim, base, cos_sin.data());
+    rope_table(positions.data(), m, head_dim, freqs, cos_sin.data());
     kernels().rope_f32(xp, m, width, n_heads, head_dim, cos_sin.data(), neox);
   }
   return x;
@@ -490,78 +502,41 @@ py::tuple quantize_activations_py(py::array x) {
   return py::make_tuple(q, d, sum, h, jo);
 }
 
-// ---- the llama forward -------------------------------------------------------------------
+// ---- models ---------------------------------------------------------------------------------
 
 // A model and the NumPy arrays (views of the mapped GGUF file) its weights point into.
-struct PyLlamaModel {
-  std::shared_ptr<LlamaModel> model;
+struct PyModel {
+  std::shared_ptr<const Model> model;
   py::list keep_alive;
 };
 
 // tensors[name] = (array, ggml type, rows, cols): a C-contiguous array of exactly rows rows of
-// the type's encoding. A missing name gives an empty reference, which the model reports.
-WeightRef weight_ref(const py::dict& tensors, const char* name, py::list& keep) {
-  if (!tensors.contains(name)) return WeightRef{};
-  const py::tuple t = tensors[name].cast<py::tuple>();
-  if (t.size() != 4) throw py::value_error(std::string(name) + ": expected (array, type, rows, cols)");
-  const py::array a = t[0].cast<py::array>();
-  const auto type = t[1].cast<uint32_t>();
-  const auto rows = t[2].cast<int64_t>(), cols = t[3].cast<int64_t>();
-  const TypeSize ts = type_size(type);
-  if (ts.block_elems == 0 || rows < 1 || cols < 1 || cols % ts.block_elems != 0)
-    throw py::value_error(std::string(name) + ": unsupported type " + std::to_string(type) + " or shape");
-  if (!(a.flags() & py::array::c_style) ||
-      a.nbytes() != static_cast<py::ssize_t>(rows * (cols / ts.block_elems) * ts.block_bytes))
-    throw py::value_error(std::string(name) + ": array is not C-contiguous or not " + std::to_string(rows) +
-                          " rows of " + std::to_string(cols) + " elements of type " + std::to_string(type));
-  keep.append(a);
-  return WeightRef{a.data(), type, rows, cols};
-}
-
-const float* norm_ref(const py::dict& tensors, const char* name, int64_t n, py::list& keep) {
-  if (!tensors.contains(name)) return nullptr;
-  const WeightRef w = weight_ref(tensors, name, keep);
-  if (w.type != GGML_F32 || w.rows * w.cols != n)
-    throw py::value_error(std::string(name) + ": expected " + std::to_string(n) + " float32 values");
-  return static_cast<const float*>(w.data);
-}
-
-PyLlamaModel make_llama(const py::dict& cfg, const py::dict& tensors, bool repack) {
-  LlamaConfig c;
-  c.n_layer = cfg["n_layer"].cast<int64_t>();
-  c.n_embd = cfg["n_embd"].cast<int64_t>();
-  c.n_head = cfg["n_head"].cast<int64_t>();
-  c.n_head_kv = cfg["n_head_kv"].cast<int64_t>();
-  c.head_dim = cfg["head_dim"].cast<int64_t>();
-  c.n_ff = cfg["n_ff"].cast<int64_t>();
-  c.n_vocab = cfg["n_vocab"].cast<int64_t>();
-  c.rope_base = cfg["rope_base"].cast<float>();
-  c.rms_eps = cfg["rms_eps"].cast<float>();
-  if (c.n_layer < 1 || c.n_layer > 100000) throw py::value_error("n_layer out of range");
-  PyLlamaModel out;
-  py::list& keep = out.keep_alive;
-  LlamaWeights w;
-  w.tok_embd = weight_ref(tensors, "token_embd.weight", keep);
-  w.output_norm = norm_ref(tensors, "output_norm.weight", c.n_embd, keep);
-  w.output = tensors.contains("output.weight") ? weight_ref(tensors, "output.weight", keep) : w.tok_embd;
-  for (int64_t il = 0; il < c.n_layer; ++il) {
-    const std::string b = "blk." + std::to_string(il) + ".";
-    auto ref = [&](const char* n) { return weight_ref(tensors, (b + n).c_str(), keep); };
-    LlamaLayerWeights L;
-    L.attn_norm = norm_ref(tensors, (b + "attn_norm.weight").c_str(), c.n_embd, keep);
-    L.ffn_norm = norm_ref(tensors, (b + "ffn_norm.weight").c_str(), c.n_embd, keep);
-    L.wq = ref("attn_q.weight");
-    L.wk = ref("attn_k.weight");
-    L.wv = ref("attn_v.weight");
-    L.wo = ref("attn_output.weight");
-    L.gate = ref("ffn_gate.weight");
-    L.up = ref("ffn_up.weight");
-    L.down = ref("ffn_down.weight");
-    w.layers.push_back(L);
+// the type's encoding. The architecture's own file knows which names it reads.
+PyModel make_model_py(const std::string& arch, const py::dict& params, const py::dict& tensors, bool repack) {
+  Params p;
+  for (const auto& [k, v] : params) p.set(k.cast<std::string>(), v.cast<double>());
+  PyModel out;
+  TensorMap map;
+  for (const auto& [k, v] : tensors) {
+    const std::string name = k.cast<std::string>();
+    const py::tuple t = v.cast<py::tuple>();
+    if (t.size() != 4) throw py::value_error(name + ": expected (array, type, rows, cols)");
+    const py::array a = t[0].cast<py::array>();
+    const auto type = t[1].cast<uint32_t>();
+    const auto rows = t[2].cast<int64_t>(), cols = t[3].cast<int64_t>();
+    const TypeSize ts = type_size(type);
+    if (ts.block_elems == 0 || rows < 1 || cols < 1 || cols % ts.block_elems != 0)
+      throw py::value_error(name + ": unsupported type " + std::to_string(type) + " or shape");
+    if (!(a.flags() & py::array::c_style) ||
+        a.nbytes() != static_cast<py::ssize_t>(rows * (cols / ts.block_elems) * ts.block_bytes))
+      throw py::value_error(name + ": array is not C-contiguous or not " + std::to_string(rows) + " rows of " +
+                            std::to_string(cols) + " elements of type " + std::to_string(type));
+    out.keep_alive.append(a);
+    map.add(name, WeightRef{a.data(), type, rows, cols});
   }
   {
     py::gil_scoped_release release;  // repacking reads the whole file
-    out.model = std::make_shared<LlamaModel>(c, w, repack);
+    out.model = make_model(arch, p, map, repack);
   }
   return out;
 }
@@ -573,7 +548,7 @@ MatmulMode parse_mode(const std::string& mode) {
 }
 
 // Runs ids (int32 [n]) through the context; logits is float32 [n or 1, n_vocab], written in place.
-void llama_eval_py(LlamaContext& ctx, py::array ids, py::array logits, bool all_logits,
+void sequence_eval_py(Sequence& ctx, py::array ids, py::array logits, bool all_logits,
                    const std::string& mode, int n_threads) {
   if (ids.ndim() != 1 || !ids.dtype().is(py::dtype::of<int32_t>()) || !(ids.flags() & py::array::c_style))
     throw py::value_error("ids must be a 1-D C-contiguous int32 array");
@@ -593,7 +568,7 @@ void llama_eval_py(LlamaContext& ctx, py::array ids, py::array logits, bool all_
 
 // One token for each of len(contexts) sequences in one forward pass: ids int32 [n], logits
 // float32 [n, n_vocab] written in place.
-void llama_decode_batch_py(LlamaBatch& batch, const std::vector<LlamaContext*>& contexts, py::array ids,
+void batch_decode_py(Batch& batch, const std::vector<Sequence*>& contexts, py::array ids,
                            py::array logits, const std::string& mode, int n_threads) {
   const int64_t n = static_cast<int64_t>(contexts.size());
   if (ids.ndim() != 1 || !ids.dtype().is(py::dtype::of<int32_t>()) || !(ids.flags() & py::array::c_style) ||
@@ -661,10 +636,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("rms_norm", &rms_norm_py, py::arg("x"), py::arg("w"), py::arg("eps"), py::arg("out") = py::none(),
         "out = x / sqrt(mean(x^2, last axis) + eps) * w for float32 x[..., n], w[n]; out may be x.");
   m.def("rope", &rope_py, py::arg("x"), py::arg("pos"), py::arg("n_heads"), py::arg("head_dim"),
-        py::arg("base"), py::arg("neox") = false,
+        py::arg("base"), py::arg("neox") = false, py::arg("freq_scale") = 1.0f, py::arg("factors") = py::none(),
         "Rotate x[M, n_heads * head_dim] (float32) in place for positions pos..pos+M-1 (pos an int) "
         "or pos[t] (an integer array); adjacent pairs (llama.cpp's normal mode) or, with neox, "
-        "(i, i + head_dim/2). Returns x.");
+        "(i, i + head_dim/2). Pair i turns by pos * freq_scale * base^(-2i/head_dim) / factors[i] "
+        "(factors: float32 [head_dim/2], default all 1). Returns x.");
   m.def("swiglu",
         [](py::array gate, py::array up, std::optional<py::array> out) {
           return binary_py(gate, up, out, "gate", "up", kernels().swiglu_f32);
@@ -715,33 +691,34 @@ PYBIND11_MODULE(_C, m) {
         "against the cache's layer (which must hold them); scale defaults to 1/sqrt(head_dim); window > 0 "
         "limits each query to its last `window` keys. Returns [M, n_head * head_dim].");
 
-  py::class_<PyLlamaModel>(m, "LlamaModel", "Weights of a llama-family model, shared by its contexts.")
-      .def(py::init(&make_llama), py::arg("config"), py::arg("tensors"), py::arg("repack") = true,
-           "config: n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, rope_base, rms_eps; "
-           "tensors: GGUF name -> (array, type, rows, cols). repack: make the 16-row interleaved copy of "
-           "quantized matrices once, for the fast path.")
-      .def_property_readonly("repacked_bytes", [](const PyLlamaModel& p) { return p.model->repacked_bytes(); });
-  py::class_<LlamaContext>(m, "LlamaContext", "One sequence: KV cache, position, scratch for n_batch tokens.")
-      .def(py::init([](const PyLlamaModel& model, int64_t n_ctx, int64_t n_batch, py::object kv_dtype) {
-             return new LlamaContext(model.model, n_ctx, n_batch, parse_kv_dtype(kv_dtype));
+  m.def("architectures", &architectures, "Names of the architectures the C++ forward pass implements.");
+  py::class_<PyModel>(m, "Model", "Weights of a model of one architecture, shared by its sequences.")
+      .def(py::init(&make_model_py), py::arg("architecture"), py::arg("params"), py::arg("tensors"),
+           py::arg("repack") = true,
+           "params: hyperparameters by name (numbers; the architecture's description says which); "
+           "tensors: GGUF name -> (array, type, rows, cols), every one of which the architecture must "
+           "read. repack: make the 16-row interleaved copy of quantized matrices once, for the fast path.")
+      .def_property_readonly("repacked_bytes", [](const PyModel& p) { return p.model->repacked_bytes(); });
+  py::class_<Sequence>(m, "Sequence", "One sequence: KV cache, position, scratch for n_batch tokens.")
+      .def(py::init([](const PyModel& model, int64_t n_ctx, int64_t n_batch, py::object kv_dtype) {
+             return new Sequence(model.model, n_ctx, n_batch, parse_kv_dtype(kv_dtype));
            }),
            py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("kv_dtype") = "float32")
-      .def("eval", &llama_eval_py, py::arg("ids"), py::arg("logits"), py::arg("all_logits"), py::arg("precision"),
+      .def("eval", &sequence_eval_py, py::arg("ids"), py::arg("logits"), py::arg("all_logits"), py::arg("precision"),
            py::arg("n_threads"),
            "Run int32 ids (1..n_batch of them) at the next positions; write the logits of every token "
            "(all_logits) or of the last into logits [rows, n_vocab].")
-      .def("truncate", &LlamaContext::truncate, py::arg("n"), "Forget positions >= n.")
-      .def_property_readonly("n_past", &LlamaContext::n_past)
-      .def_property_readonly("n_ctx", &LlamaContext::n_ctx)
-      .def_property_readonly("n_batch", &LlamaContext::n_batch)
-      .def_property_readonly("kv_nbytes", [](const LlamaContext& c) { return c.cache().nbytes(); });
-  py::class_<LlamaBatch>(m, "LlamaBatch",
-                         "Batched decode: one token for each of up to n_seq contexts in one forward pass.")
-      .def(py::init([](const PyLlamaModel& model, int64_t n_seq) { return new LlamaBatch(model.model, n_seq); }),
+      .def("truncate", &Sequence::truncate, py::arg("n"), "Forget positions >= n.")
+      .def_property_readonly("n_past", &Sequence::n_past)
+      .def_property_readonly("n_ctx", &Sequence::n_ctx)
+      .def_property_readonly("n_batch", &Sequence::n_batch)
+      .def_property_readonly("kv_nbytes", [](const Sequence& c) { return c.cache().nbytes(); });
+  py::class_<Batch>(m, "Batch", "Batched decode: one token for each of up to n_seq sequences in one forward pass.")
+      .def(py::init([](const PyModel& model, int64_t n_seq) { return new Batch(model.model, n_seq); }),
            py::arg("model"), py::arg("n_seq"))
-      .def("decode", &llama_decode_batch_py, py::arg("contexts"), py::arg("ids"), py::arg("logits"),
+      .def("decode", &batch_decode_py, py::arg("contexts"), py::arg("ids"), py::arg("logits"),
            py::arg("precision"), py::arg("n_threads"),
-           "Append ids[b] (int32 [n]) to contexts[b] (n distinct contexts of this model, n <= n_seq), every "
+           "Append ids[b] (int32 [n]) to contexts[b] (n distinct sequences of this model, n <= n_seq), every "
            "weight read once for all of them; write each one's next-token logits into logits [n, n_vocab].")
-      .def_property_readonly("n_seq", &LlamaBatch::n_seq);
+      .def_property_readonly("n_seq", &Batch::n_seq);
 }

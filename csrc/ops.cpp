@@ -14,10 +14,10 @@ void rms_norm_rows(const float* x, const float* w, float* out, int64_t n_rows, i
   for (int64_t r = 0; r < n_rows; ++r) fn(x + r * n, w, out + r * n, n, eps);
 }
 
-void rope_table(const int64_t* pos, int64_t n_rows, int64_t head_dim, float base, float* cos_sin) {
+void rope_table(const int64_t* pos, int64_t n_rows, int64_t head_dim, const RopeFreqs& freqs, float* cos_sin) {
   for (int64_t r = 0; r < n_rows; ++r) {
     float* c = cos_sin + r * head_dim;
-    rope_cos_sin(pos[r], head_dim, base, c, c + head_dim / 2);
+    rope_cos_sin(pos[r], head_dim, freqs.base, freqs.freq_scale, freqs.factors, c, c + head_dim / 2);
   }
 }
 

@@ -113,7 +113,7 @@ def test_bad_batches(fast, default_model):
 
 
 def test_native_batch_capacity_and_checks(fast, default_model):
-    batch = _C.LlamaBatch(fast._native, 2)
+    batch = _C.Batch(fast._native, 2)
     assert batch.n_seq == 2
     cs = [fast.context() for _ in range(3)]
     logits = np.empty((3, fast.n_vocab), np.float32)
@@ -125,7 +125,7 @@ def test_native_batch_capacity_and_checks(fast, default_model):
     with pytest.raises(ValueError, match="logits"):
         batch.decode([cs[0]._ctx], np.array([1], np.int32), logits[:2], "fast", 1)
     with pytest.raises(ValueError, match="n_seq must be"):
-        _C.LlamaBatch(fast._native, 0)
+        _C.Batch(fast._native, 0)
     assert all(c.n_past == 0 for c in cs)
 
 

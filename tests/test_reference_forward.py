@@ -27,7 +27,7 @@ TOL = 1e-3
 def model(default_model):
     from pyinfer.gguf import GGUFReader
 
-    return R.load_llama(GGUFReader(default_model))
+    return R.load_model(GGUFReader(default_model))
 
 
 def test_reference_file_present() -> None:

@@ -7,15 +7,18 @@
 
 namespace pyinfer {
 
-// c[half], s[half] = cos, sin of theta_i = pos * base^(-2i / head_dim), i < half = head_dim/2.
-// Computed in double and rounded once: the angle reaches thousands of radians at long
-// contexts, where a float32 product would already be off by a large fraction of an ulp.
-static inline void rope_cos_sin(int64_t pos, int64_t head_dim, float base, float* c, float* s) {
+// c[half], s[half] = cos, sin of theta_i = pos * freq_scale * base^(-2i / head_dim) / factors[i],
+// i < half = head_dim/2 (factors nullptr: all 1). Computed in double and rounded once: the
+// angle reaches thousands of radians at long contexts, where a float32 product would already
+// be off by a large fraction of an ulp.
+static inline void rope_cos_sin(int64_t pos, int64_t head_dim, float base, float freq_scale,
+                                const float* factors, float* c, float* s) {
   const int64_t half = head_dim / 2;
   const double log_base = std::log(static_cast<double>(base));
   for (int64_t i = 0; i < half; ++i) {
-    const double inv_freq = std::exp(-2.0 * static_cast<double>(i) / static_cast<double>(head_dim) * log_base);
-    const double theta = static_cast<double>(pos) * inv_freq;
+    double inv_freq = std::exp(-2.0 * static_cast<double>(i) / static_cast<double>(head_dim) * log_base);
+    if (factors != nullptr) inv_freq /= static_cast<double>(factors[i]);
+    const double theta = static_cast<double>(pos) * static_cast<double>(freq_scale) * inv_freq;
     c[i] = static_cast<float>(std::cos(theta));
     s[i] = static_cast<float>(std::sin(theta));
   }

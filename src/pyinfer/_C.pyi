@@ -89,10 +89,14 @@ def rope(
     head_dim: int,
     base: float,
     neox: bool = False,
+    freq_scale: float = 1.0,
+    factors: npt.NDArray[np.float32] | None = None,
 ) -> npt.NDArray[np.float32]:
     """Rotate x[M, n_heads * head_dim] in place for positions pos..pos+M-1 (pos an int) or
     pos[t] (an integer array); adjacent pairs (llama.cpp's normal mode, what llama-arch GGUFs
-    expect) or, with neox, (i, i + head_dim/2). theta_i = pos * base^(-2i/head_dim). Returns x."""
+    expect) or, with neox, (i, i + head_dim/2).
+    theta_i = pos * freq_scale * base^(-2i/head_dim) / factors[i] (factors float32
+    [head_dim/2], default all 1: Llama 3's frequency factors). Returns x."""
 
 def swiglu(
     gate: npt.NDArray[np.float32],
@@ -176,18 +180,22 @@ def attention(
     h // (n_head / n_head_kv); scale defaults to 1/sqrt(head_dim); window > 0 limits each query
     to its last `window` keys. Any n_threads gives the same bits. Returns [M, n_head * head_dim]."""
 
-class LlamaModel:
-    """Weights of a llama-family model, shared by its contexts."""
+def architectures() -> list[str]:
+    """Names of the architectures the C++ forward pass implements."""
+
+class Model:
+    """Weights of a model of one architecture, shared by its sequences."""
 
     repacked_bytes: int
 
-    def __init__(self, config: dict[str, Any], tensors: dict[str, tuple[Any, int, int, int]],
-                 repack: bool = True) -> None:
-        """config: n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab, rope_base,
-        rms_eps; tensors: GGUF name -> (array, type, rows, cols). With repack, quantized
-        matrices get a 16-row interleaved copy for the fast path."""
+    def __init__(self, architecture: str, params: dict[str, float],
+                 tensors: dict[str, tuple[Any, int, int, int]], repack: bool = True) -> None:
+        """params: hyperparameters by name (pyinfer.arch.Config.params()); tensors: GGUF name ->
+        (array, type, rows, cols), every one of which the architecture must read (ValueError
+        naming a missing, misshapen or unused tensor). With repack, quantized matrices get a
+        16-row interleaved copy for the fast path."""
 
-class LlamaContext:
+class Sequence:
     """One sequence: KV cache, position, scratch for n_batch tokens per eval."""
 
     n_past: int
@@ -195,7 +203,7 @@ class LlamaContext:
     n_batch: int
     kv_nbytes: int
 
-    def __init__(self, model: LlamaModel, n_ctx: int, n_batch: int, kv_dtype: Any = "float32") -> None:
+    def __init__(self, model: Model, n_ctx: int, n_batch: int, kv_dtype: Any = "float32") -> None:
         """An empty sequence of at most n_ctx positions."""
 
     def eval(self, ids: npt.NDArray[np.int32], logits: npt.NDArray[np.float32], all_logits: bool,
@@ -206,15 +214,15 @@ class LlamaContext:
     def truncate(self, n: int) -> None:
         """Forget positions >= n."""
 
-class LlamaBatch:
-    """Batched decode: one token for each of up to n_seq contexts in one forward pass."""
+class Batch:
+    """Batched decode: one token for each of up to n_seq sequences in one forward pass."""
 
     n_seq: int
 
-    def __init__(self, model: LlamaModel, n_seq: int) -> None:
+    def __init__(self, model: Model, n_seq: int) -> None:
         """Scratch for steps of up to n_seq sequences of the model."""
 
-    def decode(self, contexts: list[LlamaContext], ids: npt.NDArray[np.int32], logits: npt.NDArray[np.float32],
+    def decode(self, contexts: list[Sequence], ids: npt.NDArray[np.int32], logits: npt.NDArray[np.float32],
                precision: str, n_threads: int) -> None:
         """Append ids[b] (int32 [n]) to contexts[b] (n distinct contexts of this model, n <= n_seq),
         every weight read once for all of them; write each one's next-token logits into

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from pyinfer.arch import UnsupportedModelError, describe
 from pyinfer.gguf import GGUFReader
 
 
@@ -13,17 +14,31 @@ def _meta(r: GGUFReader, arch: str, key: str, default: Any = None) -> Any:
 
 
 def model_info(r: GGUFReader) -> dict[str, Any]:
-    """Architecture, dimensions, tokenizer, tensor counts by type and per-token costs."""
+    """Architecture, dimensions, tokenizer, tensor counts by type and per-token costs.
+
+    Dimensions come from the architecture's description (pyinfer.arch) when pyinfer runs the
+    file; for any other file, from the usual metadata keys, with `unsupported` saying why."""
     arch = r.metadata.get("general.architecture", "?")
-    n_layer = _meta(r, arch, "block_count")
-    n_embd = _meta(r, arch, "embedding_length")
-    n_head = _meta(r, arch, "attention.head_count")
-    n_head_kv = _meta(r, arch, "attention.head_count_kv", n_head)
-    head_dim = _meta(r, arch, "attention.key_length", None)
-    if head_dim is None and n_embd and n_head:
-        head_dim = n_embd // n_head
-    head_dim_v = _meta(r, arch, "attention.value_length", head_dim)
-    tokens = r.metadata.get("tokenizer.ggml.tokens")
+    unsupported = None
+    try:
+        c = describe(r).config
+        n_layer, n_embd, n_head, n_head_kv = c.n_layer, c.n_embd, c.n_head, c.n_head_kv
+        head_dim, head_dim_v, n_ff, n_vocab = c.head_dim, c.head_dim, c.n_ff, c.n_vocab
+        n_ctx_train, rope_base = c.n_ctx_train, c.rope_base
+    except UnsupportedModelError as e:
+        unsupported = str(e).removeprefix(f"{r.path}: ")
+        n_layer = _meta(r, arch, "block_count")
+        n_embd = _meta(r, arch, "embedding_length")
+        n_head = _meta(r, arch, "attention.head_count")
+        n_head_kv = _meta(r, arch, "attention.head_count_kv", n_head)
+        head_dim = _meta(r, arch, "attention.key_length", None)
+        if head_dim is None and isinstance(n_embd, int) and isinstance(n_head, int) and n_head > 0:
+            head_dim = n_embd // n_head
+        head_dim_v = _meta(r, arch, "attention.value_length", head_dim)
+        n_ff, n_ctx_train = _meta(r, arch, "feed_forward_length"), _meta(r, arch, "context_length")
+        rope_base = _meta(r, arch, "rope.freq_base")
+        tokens = r.metadata.get("tokenizer.ggml.tokens")
+        n_vocab = _meta(r, arch, "vocab_size", len(tokens) if tokens is not None else None)
     tied = "output.weight" not in r.tensors and "token_embd.weight" in r.tensors
 
     # A decode step reads every weight once, except the embedding table, of which it reads
@@ -49,10 +64,11 @@ def model_info(r: GGUFReader) -> dict[str, Any]:
         "n_head": n_head,
         "n_head_kv": n_head_kv,
         "head_dim": head_dim,
-        "n_ff": _meta(r, arch, "feed_forward_length"),
-        "n_vocab": _meta(r, arch, "vocab_size", len(tokens) if tokens is not None else None),
-        "context_length": _meta(r, arch, "context_length"),
-        "rope_freq_base": _meta(r, arch, "rope.freq_base"),
+        "unsupported": unsupported,
+        "n_ff": n_ff,
+        "n_vocab": n_vocab,
+        "context_length": n_ctx_train,
+        "rope_freq_base": rope_base,
         "tied_embeddings": tied,
         "tokenizer_model": r.metadata.get("tokenizer.ggml.model"),
         "tokenizer_pre": r.metadata.get("tokenizer.ggml.pre"),
@@ -75,7 +91,8 @@ def format_info(info: dict[str, Any], *, tensors: bool = False) -> str:
         f"file            {info['path']}",
         f"size            {info['file_size']:,} bytes ({info['file_size'] / mb:.1f} MB), GGUF v{info['gguf_version']}",
         f"name            {info['name']}",
-        f"architecture    {info['architecture']}",
+        f"architecture    {info['architecture']}"
+        + (f" (not supported: {info['unsupported']})" if info["unsupported"] else ""),
         f"layers          {info['n_layer']}",
         f"width           {info['n_embd']}",
         f"heads           {info['n_head']} query, {info['n_head_kv']} key/value, head dim {info['head_dim']}",

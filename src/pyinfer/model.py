@@ -1,4 +1,4 @@
-"""Model: a llama-family GGUF loaded once (weights memory-mapped, quantized matrices repacked
+"""Model: a GGUF model loaded once (weights memory-mapped, quantized matrices repacked
 for the fast kernels), with contexts that each hold a KV cache and a position."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import math
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from time import perf_counter
 from typing import Any
 
 import numpy as np
 
 from pyinfer import _C
+from pyinfer.arch import Config, describe
 from pyinfer.chat import ChatTemplate
 from pyinfer.generate import CancelToken, Completion, CompletionChunk, generate
 from pyinfer.gguf import GGUFReader
@@ -24,53 +24,6 @@ from pyinfer.tokenizer import Tokenizer
 
 PRECISIONS = ("fast", "exact")
 KV_DTYPES = ("float32", "float16")
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Dimensions and constants of a llama-family model, from GGUF metadata."""
-
-    architecture: str
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    n_vocab: int
-    n_ctx_train: int
-    rope_base: float
-    rms_eps: float
-
-    @classmethod
-    def from_gguf(cls, r: GGUFReader) -> ModelConfig:
-        arch = r.metadata.get("general.architecture")
-        if arch != "llama":
-            raise ValueError(f"{r.path}: architecture {arch!r} is not supported (supported: llama)")
-
-        def get(key: str, default: Any = None) -> Any:
-            v = r.metadata.get(f"{arch}.{key}", default)
-            if v is None:
-                raise ValueError(f"{r.path}: metadata key {arch}.{key} is missing")
-            return v
-
-        n_embd, n_head = int(get("embedding_length")), int(get("attention.head_count"))
-        emb = r.tensors.get("token_embd.weight")
-        if emb is None:
-            raise ValueError(f"{r.path}: tensor token_embd.weight is missing")
-        return cls(
-            architecture=arch,
-            n_layer=int(get("block_count")),
-            n_embd=n_embd,
-            n_head=n_head,
-            n_head_kv=int(get("attention.head_count_kv", n_head)),
-            head_dim=int(get("attention.key_length", n_embd // n_head)),
-            n_ff=int(get("feed_forward_length")),
-            n_vocab=int(emb.shape[1]),
-            n_ctx_train=int(get("context_length", 2048)),
-            rope_base=float(get("rope.freq_base", 10000.0)),
-            rms_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-        )
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
@@ -103,7 +56,7 @@ class Context:
 
     def __init__(self, model: Model, n_ctx: int, n_batch: int, kv_dtype: str) -> None:
         self.model = model
-        self._ctx = _C.LlamaContext(model._native, n_ctx, n_batch, kv_dtype)
+        self._ctx = _C.Sequence(model._native, n_ctx, n_batch, kv_dtype)
         self._last = np.empty((1, model.n_vocab), np.float32)
 
     @property
@@ -169,7 +122,8 @@ class Model:
                  precision: str = "fast", n_batch: int = 512, kv_dtype: str = "float32",
                  repack: bool | None = None) -> None:
         self.reader = reader
-        self.config = ModelConfig.from_gguf(reader)
+        description = describe(reader)
+        self.config: Config = description.config
         self.precision = _check_choice("precision", precision, PRECISIONS)
         self.kv_dtype = _check_choice("kv_dtype", kv_dtype, KV_DTYPES)
         self.n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else min(self.config.n_ctx_train, 4096))
@@ -180,13 +134,11 @@ class Model:
             # The interleaved layout has SIMD kernels on the AVX2 and AVX-512 paths, several
             # times faster there than blocks as stored; the scalar path keeps the blocks.
             repack = _C.get_isa() in ("avx2", "avx512")
-        c = self.config
-        tensors = {name: (reader.tensor(name), int(t.type), t.n_elements // t.shape[0], t.shape[0])
-                   for name, t in reader.tensors.items()}
-        cfg = {"n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head, "n_head_kv": c.n_head_kv,
-               "head_dim": c.head_dim, "n_ff": c.n_ff, "n_vocab": c.n_vocab, "rope_base": c.rope_base,
-               "rms_eps": c.rms_eps}
-        self._native = _C.LlamaModel(cfg, tensors, bool(repack))
+        tensors = {}
+        for name in description.tensors:
+            t = reader.tensors[name]
+            tensors[name] = (reader.tensor(name), int(t.type), t.n_elements // t.shape[0], t.shape[0])
+        self._native = _C.Model(self.config.architecture, self.config.params(), tensors, bool(repack))
         self._tokenizer: Tokenizer | None = None
         self._chat_template: ChatTemplate | None = None
         # Contexts of n_ctx kept for generate(): allocating a KV cache per request would
@@ -257,7 +209,7 @@ class Model:
         out = np.empty((n, self.n_vocab), np.float32)
         with self._batch_lock:
             if self._batch is None or self._batch.n_seq < n:
-                self._batch = _C.LlamaBatch(self._native, max(n, 8))
+                self._batch = _C.Batch(self._native, max(n, 8))
             self._batch.decode([c._ctx for c in ctxs], a, out, self.precision, self.n_threads)
         return out
 

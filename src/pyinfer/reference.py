@@ -22,11 +22,15 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(ms + eps) * np.asarray(w, dtype=np.float64)
 
 
-def rope_angles(pos: np.ndarray, head_dim: int, base: float) -> np.ndarray:
-    """theta[len(pos), head_dim // 2] = pos * base^(-2i / head_dim)."""
+def rope_angles(
+    pos: np.ndarray, head_dim: int, base: float, freq_scale: float = 1.0, factors: np.ndarray | None = None
+) -> np.ndarray:
+    """theta[len(pos), head_dim // 2] = pos * freq_scale * base^(-2i / head_dim) / factors[i]."""
     i = np.arange(head_dim // 2, dtype=np.float64)
     inv_freq = np.power(float(base), -2.0 * i / head_dim)
-    return np.asarray(pos, dtype=np.float64)[:, None] * inv_freq[None, :]
+    if factors is not None:
+        inv_freq = inv_freq / np.asarray(factors, dtype=np.float64)
+    return np.asarray(pos, dtype=np.float64)[:, None] * float(freq_scale) * inv_freq[None, :]
 
 
 def rope(
@@ -36,17 +40,20 @@ def rope(
     head_dim: int,
     base: float,
     neox: bool = False,
+    freq_scale: float = 1.0,
+    factors: np.ndarray | None = None,
 ) -> np.ndarray:
     """Rotary embedding of x[M, n_heads * head_dim]; row t is at position pos + t (pos an int)
     or pos[t] (an array).
 
     Normal mode (llama-arch GGUF, whose converter permuted the Q and K rows) rotates adjacent
-    pairs (x[2i], x[2i+1]); neox mode rotates (x[i], x[i + head_dim/2]). Both by theta_i.
+    pairs (x[2i], x[2i+1]); neox mode rotates (x[i], x[i + head_dim/2]). Both by theta_i
+    (rope_angles: linear scaling by freq_scale, Llama 3's per-pair factors).
     """
     x = np.asarray(x, dtype=np.float64)
     m = x.shape[0]
     positions = np.arange(pos, pos + m) if np.isscalar(pos) else np.asarray(pos)
-    theta = rope_angles(positions, head_dim, base)  # [M, head_dim/2]
+    theta = rope_angles(positions, head_dim, base, freq_scale, factors)  # [M, head_dim/2]
     c = np.cos(theta)[:, None, :]
     s = np.sin(theta)[:, None, :]
     h = x.reshape(m, n_heads, head_dim)
@@ -241,42 +248,34 @@ def matmul_fast(x: np.ndarray, w_raw: np.ndarray, w_type: int, n: int, k: int) -
     return matmul_fast_parts(x, w_raw, w_type, n, k)[0]
 
 
-# ---- forward pass of llama-arch models -----------------------------------------------------
+# ---- forward pass --------------------------------------------------------------------------
 
 
-def load_llama(reader: Any) -> dict[str, Any]:
-    """Config and dequantized float32 weights (NumPy order: [out, in]) of a llama-arch GGUF."""
-    md = reader.metadata
-    arch = md["general.architecture"]
-    if arch != "llama":
-        raise ValueError(f"reference.forward supports llama-arch models, not {arch!r}")
-    n_embd = int(md["llama.embedding_length"])
-    n_head = int(md["llama.attention.head_count"])
-    config = {
-        "n_layer": int(md["llama.block_count"]),
-        "n_embd": n_embd,
-        "n_head": n_head,
-        "n_head_kv": int(md.get("llama.attention.head_count_kv", n_head)),
-        "head_dim": n_embd // n_head,
-        "rope_base": float(md.get("llama.rope.freq_base", 10000.0)),
-        "eps": float(md["llama.attention.layer_norm_rms_epsilon"]),
-    }
-    w = {name: reader.dequantize(name) for name in reader.tensors}
+def load_model(reader: Any) -> dict[str, Any]:
+    """Config (pyinfer.arch's description of the file) and the dequantized float32 weights
+    (NumPy order: [out, in]) of the tensors the forward pass reads."""
+    from pyinfer.arch import describe
+
+    d = describe(reader)
+    if d.config.architecture != "llama":
+        raise ValueError(f"reference.forward implements llama, not {d.config.architecture!r}")
+    w = {name: reader.dequantize(name) for name in d.tensors}
     if "output.weight" not in w:  # tied embedding
         w["output.weight"] = w["token_embd.weight"]
-    return {"config": config, "weights": w}
+    return {"config": d.config, "weights": w}
 
 
 def forward(model: Any, ids: Sequence[int], dtype: Any = np.float64) -> np.ndarray:
     """logits[len(ids), n_vocab] of a llama-arch model for one sequence starting at position 0.
 
-    `model` is a GGUFReader or the result of `load_llama`. All activations are `dtype`.
+    `model` is a GGUFReader or the result of `load_model`. All activations are `dtype`.
     """
     if not isinstance(model, Mapping):
-        model = load_llama(model)
+        model = load_model(model)
     cfg, w = model["config"], model["weights"]
-    n_head, n_head_kv, hd = cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
-    eps, base = cfg["eps"], cfg["rope_base"]
+    n_head, n_head_kv, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    eps = cfg.rms_eps
+    rope_kw = {"base": cfg.rope_base, "freq_scale": cfg.rope_freq_scale, "factors": w.get("rope_freqs.weight")}
     ids = np.asarray(ids, dtype=np.int64)
     m = len(ids)
 
@@ -287,11 +286,11 @@ def forward(model: Any, ids: Sequence[int], dtype: Any = np.float64) -> np.ndarr
         return rms_norm(x, w[name], eps).astype(dtype)
 
     x = w["token_embd.weight"][ids].astype(dtype)  # [M, n_embd]
-    for layer in range(cfg["n_layer"]):
+    for layer in range(cfg.n_layer):
         p = f"blk.{layer}."
         h = norm(x, p + "attn_norm.weight")
-        q = rope(lin(h, p + "attn_q.weight"), 0, n_head, hd, base).astype(dtype)
-        k = rope(lin(h, p + "attn_k.weight"), 0, n_head_kv, hd, base).astype(dtype)
+        q = rope(lin(h, p + "attn_q.weight"), 0, n_head, hd, **rope_kw).astype(dtype)
+        k = rope(lin(h, p + "attn_k.weight"), 0, n_head_kv, hd, **rope_kw).astype(dtype)
         v = lin(h, p + "attn_v.weight")
         kc = k.reshape(m, n_head_kv, hd).transpose(1, 0, 2)  # [n_head_kv, M, head_dim]
         vc = v.reshape(m, n_head_kv, hd).transpose(1, 0, 2)

@@ -420,9 +420,9 @@ def study_batch(s: Settings) -> Report:
 def prefill_ops(r: GGUFReader, n: int) -> float:
     """Operations (2 per multiply-add) of a prefill of n tokens: every layer matrix for each
     token, attention over the causal triangle, the output head for the last token only."""
-    from pyinfer.model import ModelConfig
+    from pyinfer.arch import describe
 
-    c = ModelConfig.from_gguf(r)
+    c = describe(r).config
     layer = sum(t.n_elements for name, t in r.tensors.items() if name.startswith("blk.") and len(t.shape) == 2)
     attn = c.n_layer * 2 * c.n_head * c.head_dim * n * (n + 1) / 2  # QK^T and AV
     return 2.0 * (layer * n + attn + c.n_vocab * c.n_embd)

@@ -1,0 +1,315 @@
+// model.cpp: the parts of a model every architecture shares: building from a tensor map, the
+// repacked-weight arena, scratch, sequences, batched decode and the architecture registry.
+#include "models/model.h"
+
+#include <sys/mman.h>
+
+#include <cstdlib>
+#include <stdexcept>
+
+#include "kernels/packed16.h"
+
+namespace pyinfer {
+
+// ---- building blocks -----------------------------------------------------------------------
+
+WeightRef TensorMap::take(const std::string& name) {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) return WeightRef{};
+  taken_[name] = true;
+  return it->second;
+}
+
+void TensorMap::check_all_taken(const std::string& arch) const {
+  for (const auto& [name, w] : tensors_)
+    if (taken_.count(name) == 0)
+      throw std::invalid_argument("tensor " + name + " is not used by architecture " + arch +
+                                  ": the forward pass would ignore it");
+}
+
+double Params::get(const std::string& name) const {
+  const auto it = values_.find(name);
+  if (it == values_.end()) throw std::invalid_argument("model parameter " + name + " is missing");
+  return it->second;
+}
+
+double Params::get(const std::string& name, double fallback) const {
+  const auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+int64_t Params::get_int(const std::string& name) const {
+  const double v = get(name);
+  if (!(v >= 0 && v <= 1e12) || v != static_cast<double>(static_cast<int64_t>(v)))
+    throw std::invalid_argument("model parameter " + name + " must be a non-negative integer, got " +
+                                std::to_string(v));
+  return static_cast<int64_t>(v);
+}
+
+void ModelDims::check() const {
+  if (n_layer < 1 || n_embd < 1 || n_head < 1 || n_head_kv < 1 || head_dim < 2 || n_ff < 1 || n_vocab < 1)
+    throw std::invalid_argument("model dimensions must be positive");
+  if (n_layer > 100000) throw std::invalid_argument("n_layer out of range");
+  if (n_head % n_head_kv != 0)
+    throw std::invalid_argument("n_head (" + std::to_string(n_head) + ") is not a multiple of n_head_kv (" +
+                                std::to_string(n_head_kv) + ")");
+  if (head_dim % 2 != 0 || head_dim > kRopeMaxDim)
+    throw std::invalid_argument("head_dim must be even and at most " + std::to_string(kRopeMaxDim));
+}
+
+std::string tensor_name(int64_t layer, const char* name) {
+  return layer >= 0 ? "blk." + std::to_string(layer) + "." + name : std::string(name);
+}
+
+namespace {
+
+std::string shape_str(int64_t rows, int64_t cols) {
+  return "[" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+}
+
+}  // namespace
+
+void check_weight(const WeightRef& w, const std::string& name, int64_t rows, int64_t cols) {
+  if (w.data == nullptr) throw std::invalid_argument("missing weight " + name);
+  if (w.rows != rows || w.cols != cols)
+    throw std::invalid_argument(name + ": shape " + shape_str(w.rows, w.cols) + ", expected " +
+                                shape_str(rows, cols));
+  if (matmul_row_bytes(w.type, w.cols) < 0)
+    throw std::invalid_argument(name + ": tensor type " + std::to_string(w.type) + " has no matmul kernel");
+}
+
+const float* check_vector(const WeightRef& w, const std::string& name, int64_t n) {
+  if (w.data == nullptr) throw std::invalid_argument("missing weight " + name);
+  if (w.type != GGML_F32 || w.rows * w.cols != n)
+    throw std::invalid_argument(name + ": expected " + std::to_string(n) + " float32 values");
+  return static_cast<const float*>(w.data);
+}
+
+Scratch::Scratch(const ModelDims& c, int64_t rows) : n_rows(rows) {
+  if (rows < 1) throw std::invalid_argument("a forward pass needs room for at least one row");
+  const size_t R = static_cast<size_t>(rows);
+  const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
+  x.resize(R * c.n_embd);
+  xn.resize(R * c.n_embd);
+  qkv.resize(R * (q_dim + 2 * kv_dim));
+  attn.resize(R * q_dim);
+  ffn.resize(R * 2 * c.n_ff);
+  act.resize(R * c.n_ff);
+  rope.resize(R * c.head_dim);
+  pos.resize(R);
+  ids.resize(R);
+}
+
+// ---- the model and its arena ---------------------------------------------------------------
+
+void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+
+void Model::matmul(const WeightRef& w, const float* x, int64_t M, float* y, MatmulMode mode, int n_threads) {
+  if (w.packed != nullptr && mode == MatmulMode::fast)
+    matmul_packed(x, M, w.cols, w.packed, w.type, w.rows, y, mode, n_threads);
+  else
+    pyinfer::matmul(x, M, w.cols, w.data, w.type, w.rows, y, mode, n_threads);
+}
+
+bool fusable(const std::vector<const WeightRef*>& parts) {
+  const WeightRef& first = *parts.front();
+  size_t i = 0;
+  for (const WeightRef* w : parts) {
+    if (w->type != first.type || w->cols != first.cols || packed_bytes(w->type, w->rows, w->cols) < 0) return false;
+    if (++i < parts.size() && w->rows % kPackRows != 0) return false;
+  }
+  return true;
+}
+
+void Model::repack(const std::vector<RepackItem>& items) {
+  size_t total = 0;
+  for (const RepackItem& it : items) {
+    const int64_t n = packed_bytes(it.w->type, it.w->rows, it.w->cols);
+    if (n > 0) total += static_cast<size_t>(n);
+  }
+  if (total == 0) return;
+  // 2 MiB-aligned and advised onto transparent huge pages: fewer TLB misses in the
+  // prefetchers' way (docs/tuning.md has the measurement).
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t alloc = (total + kHugePage - 1) / kHugePage * kHugePage;
+  packed_arena_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHugePage, alloc)));
+  if (!packed_arena_) throw std::bad_alloc();
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  madvise(packed_arena_.get(), alloc, MADV_HUGEPAGE);  // advice only: failure leaves small pages
+#endif
+  uint8_t* p = packed_arena_.get();
+  for (const RepackItem& it : items) {
+    WeightRef& w = *it.w;
+    const int64_t n = packed_bytes(w.type, w.rows, w.cols);
+    if (n <= 0) continue;  // no interleaved layout for this type: stays as stored
+    repack16(w.data, w.type, w.rows, w.cols, p);
+    w.packed = p;
+    if (it.fused != nullptr) {
+      WeightRef& f = *it.fused;
+      if (f.packed == nullptr) f = WeightRef{nullptr, w.type, 0, w.cols, p};
+      f.rows += w.rows;
+    }
+    p += n;
+  }
+  repacked_bytes_ = total;
+}
+
+// ---- the registry ----------------------------------------------------------------------------
+
+namespace {
+
+std::map<std::string, ModelFactory>& registry() {
+  static std::map<std::string, ModelFactory> r;  // filled by static initializers, read after
+  return r;
+}
+
+}  // namespace
+
+bool register_architecture(const std::string& name, ModelFactory factory) {
+  registry()[name] = factory;
+  return true;
+}
+
+std::shared_ptr<const Model> make_model(const std::string& arch, const Params& params, TensorMap& tensors,
+                                        bool repack) {
+  const auto it = registry().find(arch);
+  if (it == registry().end()) throw std::invalid_argument("architecture '" + arch + "' is not supported");
+  std::shared_ptr<const Model> model = it->second(params, tensors, repack);
+  tensors.check_all_taken(arch);
+  return model;
+}
+
+std::vector<std::string> architectures() {
+  std::vector<std::string> out;
+  for (const auto& [name, f] : registry()) out.push_back(name);
+  return out;
+}
+
+// ---- attention over segments -----------------------------------------------------------------
+
+// One segment (a prefill chunk or a single decode step) appends on this thread and spreads its
+// (row, head) items over the pool; several (a batched decode step) make one pool job of a
+// segment each, append and attention together, so the appends run in parallel and each is
+// still in cache when read.
+void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float* k, const float* v,
+                       int64_t kv_stride, const std::vector<AttentionArgs>& args, int n_threads) {
+  const auto append = [&](const Segment& g) {
+    g.cache->append(il, k + g.row0 * kv_stride, kv_stride, v + g.row0 * kv_stride, kv_stride, g.pos, g.n);
+  };
+  if (segs.size() == 1) {
+    append(segs[0]);
+    attention(args[0], n_threads);
+    return;
+  }
+  // What append would reject, checked here, as nothing may throw inside the job; after the
+  // append each segment's queries find their positions in its cache, as attention_check asks.
+  int64_t n_scratch = 0;
+  for (size_t i = 0; i < segs.size(); ++i) {
+    const Segment& g = segs[i];
+    if (g.pos < 0 || g.pos > g.cache->n_pos(il) || g.pos + g.n > g.cache->n_ctx())
+      throw std::invalid_argument("batched step: position " + std::to_string(g.pos) + " is outside its cache");
+    const int64_t need = attention_scratch(args[i]);
+    if (need > n_scratch) n_scratch = need;
+  }
+  if (n_threads < 1) n_threads = 1;
+  std::vector<float> scratch(static_cast<size_t>(n_scratch) * static_cast<size_t>(n_threads));
+  parallel_for(n_threads, static_cast<int64_t>(segs.size()), 1, [&](int64_t i0, int64_t i1, int tid) {
+    for (int64_t i = i0; i < i1; ++i) {
+      append(segs[static_cast<size_t>(i)]);
+      const AttentionArgs& a = args[static_cast<size_t>(i)];
+      attention_range(a, 0, attention_items(a), scratch.data() + static_cast<size_t>(tid) * n_scratch);
+    }
+  });
+}
+
+// ---- sequences and batches -------------------------------------------------------------------
+
+Sequence::Sequence(std::shared_ptr<const Model> model, int64_t n_ctx, int64_t n_batch, KvType kv_type)
+    : model_(std::move(model)),
+      n_ctx_(n_ctx),
+      n_batch_(n_batch),
+      cache_(model_->dims().n_layer, model_->dims().n_head_kv, model_->dims().head_dim, n_ctx, kv_type),
+      scratch_(model_->dims(), n_batch >= 1 ? n_batch : throw std::invalid_argument("n_batch must be >= 1")) {}
+
+void Sequence::truncate(int64_t n) {
+  std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
+  if (!lock.owns_lock()) throw std::runtime_error("this context is in use by another thread");
+  if (n < 0) throw std::invalid_argument("cannot truncate to a negative length");
+  if (n < n_past_) n_past_ = n;
+  if (n_past_ == 0) cache_.clear();
+}
+
+void Sequence::eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, MatmulMode mode,
+                    int n_threads) {
+  std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
+  if (!lock.owns_lock()) throw std::runtime_error("this context is in use by another thread");
+  const int64_t n_vocab = model_->dims().n_vocab;
+  if (n < 1 || n > n_batch_)
+    throw std::invalid_argument("eval takes 1 to n_batch (" + std::to_string(n_batch_) + ") tokens, got " +
+                                std::to_string(n));
+  if (n_past_ + n > n_ctx_)
+    throw std::invalid_argument("context full: " + std::to_string(n_past_) + " + " + std::to_string(n) +
+                                " tokens exceed n_ctx " + std::to_string(n_ctx_));
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= n_vocab)
+      throw std::invalid_argument("token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                                  " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+    scratch_.ids[i] = ids[i];
+    scratch_.pos[i] = n_past_ + i;
+  }
+  const int64_t first = all_logits ? 0 : n - 1;
+  std::vector<int64_t> out_rows;  // [n - first]
+  for (int64_t i = first; i < n; ++i) out_rows.push_back(i);
+  model_->forward({Segment{&cache_, 0, n, n_past_}}, n, scratch_, out_rows.data(),
+                  static_cast<int64_t>(out_rows.size()), logits, mode, n_threads);
+  n_past_ += n;
+}
+
+Batch::Batch(std::shared_ptr<const Model> model, int64_t n_seq)
+    : model_(std::move(model)),
+      n_seq_(n_seq),
+      scratch_(model_->dims(), n_seq >= 1 ? n_seq : throw std::invalid_argument("n_seq must be >= 1")) {}
+
+void Batch::decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* logits, MatmulMode mode,
+                   int n_threads) {
+  std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
+  if (!lock.owns_lock()) throw std::runtime_error("this batch is in use by another thread");
+  if (n < 1 || n > n_seq_)
+    throw std::invalid_argument("decode takes 1 to n_seq (" + std::to_string(n_seq_) + ") sequences, got " +
+                                std::to_string(n));
+  const int64_t n_vocab = model_->dims().n_vocab;
+  for (int64_t b = 0; b < n; ++b) {
+    const Sequence* seq = seqs[b];
+    if (seq == nullptr) throw std::invalid_argument("context " + std::to_string(b) + " is None");
+    if (seq->model_.get() != model_.get())
+      throw std::invalid_argument("context " + std::to_string(b) + " belongs to another model");
+    for (int64_t j = 0; j < b; ++j)
+      if (seqs[j] == seq)
+        throw std::invalid_argument("context " + std::to_string(b) + " is also context " + std::to_string(j) +
+                                    ": each sequence takes one token per step");
+    if (ids[b] < 0 || ids[b] >= n_vocab)
+      throw std::invalid_argument("token id " + std::to_string(ids[b]) + " for context " + std::to_string(b) +
+                                  " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+  }
+  std::vector<std::unique_lock<std::mutex>> locks;
+  locks.reserve(static_cast<size_t>(n));
+  std::vector<Segment> segs;
+  std::vector<int64_t> out_rows;
+  for (int64_t b = 0; b < n; ++b) {
+    Sequence& seq = *seqs[b];
+    locks.emplace_back(seq.busy_, std::try_to_lock);
+    if (!locks.back().owns_lock())
+      throw std::runtime_error("context " + std::to_string(b) + " is in use by another thread");
+    if (seq.n_past_ + 1 > seq.n_ctx_)
+      throw std::invalid_argument("context " + std::to_string(b) + " is full: " + std::to_string(seq.n_past_) +
+                                  " + 1 tokens exceed n_ctx " + std::to_string(seq.n_ctx_));
+    scratch_.ids[b] = ids[b];
+    scratch_.pos[b] = seq.n_past_;
+    segs.push_back(Segment{&seq.cache_, b, 1, seq.n_past_});
+    out_rows.push_back(b);
+  }
+  model_->forward(segs, n, scratch_, out_rows.data(), n, logits, mode, n_threads);
+  for (int64_t b = 0; b < n; ++b) seqs[b]->n_past_ += 1;
+}
+
+}  // namespace pyinfer

@@ -1,0 +1,221 @@
+// model.h: what every architecture's forward pass shares: weight references, the tensor map and
+// parameters a model is built from, the repacked-weight arena, per-row scratch, sequences (a KV
+// cache and a position each) and batches. One file per architecture (llama.cpp, ...) holds its
+// config, tensor roles and forward pass, and registers itself by name.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kv_cache.h"
+#include "matmul.h"
+#include "threadpool.h"
+
+namespace pyinfer {
+
+// A weight matrix W[rows][cols] as stored in the GGUF file: `rows` rows of `cols` elements,
+// each row matmul_row_bytes(type, cols) bytes. y = x @ W^T maps cols -> rows.
+struct WeightRef {
+  const void* data = nullptr;
+  uint32_t type = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* packed = nullptr;  // the same matrix in the 16-row interleaved layout, if made
+};
+
+// The tensors a model is built from, by GGUF name. An architecture takes the ones it reads;
+// any tensor left over is refused, so no tensor of a file is silently ignored.
+class TensorMap {
+ public:
+  void add(const std::string& name, const WeightRef& w) { tensors_[name] = w; }
+  // The tensor, or an empty reference (data == nullptr) if the map has none of that name.
+  WeightRef take(const std::string& name);
+  // std::invalid_argument naming the first tensor no take() asked for.
+  void check_all_taken(const std::string& arch) const;
+
+ private:
+  std::map<std::string, WeightRef> tensors_;
+  std::map<std::string, bool> taken_;
+};
+
+// Hyperparameters by name, as numbers (the Python description of the architecture turns the
+// GGUF metadata into these).
+class Params {
+ public:
+  void set(const std::string& name, double v) { values_[name] = v; }
+  double get(const std::string& name) const;  // std::invalid_argument if absent
+  double get(const std::string& name, double fallback) const;
+  int64_t get_int(const std::string& name) const;
+
+ private:
+  std::map<std::string, double> values_;
+};
+
+// What code outside an architecture's file needs of its shape: scratch sizes, the KV cache.
+struct ModelDims {
+  int64_t n_layer = 0;
+  int64_t n_embd = 0;     // model width
+  int64_t n_head = 0;     // query heads
+  int64_t n_head_kv = 0;  // key/value heads (grouped-query attention when < n_head)
+  int64_t head_dim = 0;
+  int64_t n_ff = 0;       // feed-forward width
+  int64_t n_vocab = 0;
+  void check() const;     // positive, n_head a multiple of n_head_kv, head_dim even and small enough
+};
+
+// `n` consecutive rows of a forward pass that belong to one sequence, at positions pos.. of
+// its cache.
+struct Segment {
+  KVCache* cache;
+  int64_t row0, n, pos;
+};
+
+// Per-row scratch of a forward pass over up to n_rows token rows.
+struct Scratch {
+  Scratch(const ModelDims& d, int64_t n_rows);
+  int64_t n_rows;
+  std::vector<float> x, xn;  // [n_rows][n_embd]: the residual stream; a block's normed input or output
+  std::vector<float> qkv;    // [n_rows][q_dim + 2 * kv_dim]: Q, K, V side by side
+  std::vector<float> attn;   // [n_rows][q_dim]
+  std::vector<float> ffn;    // [n_rows][2 * n_ff]: gate and up
+  std::vector<float> act;    // [n_rows][n_ff]: the feed-forward activation
+  std::vector<float> rope;   // [n_rows][head_dim]: cos, sin of RoPE's angles (rope_table)
+  std::vector<int64_t> pos, ids;  // [n_rows]
+};
+
+// The weights of one model, shared by any number of sequences.
+class Model {
+ public:
+  virtual ~Model() = default;
+  const ModelDims& dims() const { return dims_; }
+  size_t repacked_bytes() const { return repacked_bytes_; }
+
+  // The forward pass over n_rows token rows (s.ids, s.pos set), cut into segments of one
+  // sequence each, which it appends to their caches. logits[n_out][n_vocab] receives the
+  // rows out_rows[].
+  virtual void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
+                       int64_t n_out, float* logits, MatmulMode mode, int n_threads) const = 0;
+
+  // y[M][w.rows] = x[M][w.cols] @ W^T; fast mode goes through the repacked copy if there is one.
+  static void matmul(const WeightRef& w, const float* x, int64_t M, float* y, MatmulMode mode, int n_threads);
+
+ protected:
+  explicit Model(const ModelDims& dims) : dims_(dims) {}
+
+  // One matrix to repack, and the fused matrix it starts or belongs to (or nullptr): parts of
+  // a fused group are listed back to back.
+  struct RepackItem {
+    WeightRef* w;
+    WeightRef* fused;
+  };
+  // Repacks every item whose type has the 16-row interleaved layout into one arena, in the
+  // order given (the order a forward pass reads them: a decode step streams it front to
+  // back), setting `packed`; a fused group's reference gets the group's rows.
+  void repack(const std::vector<RepackItem>& items);
+
+ private:
+  ModelDims dims_;
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, FreeDeleter> packed_arena_;
+  size_t repacked_bytes_ = 0;
+};
+
+// Whether parts can share one packed matrix: one packable type and K, and every part but the
+// last a whole number of 16-row groups (so each part starts on a group of its own).
+bool fusable(const std::vector<const WeightRef*>& parts);
+
+// Builds an architecture's model; with repack, the quantized matrices that have a 16-row
+// interleaved layout are repacked once into an arena the model owns. Throws
+// std::invalid_argument naming a missing, misshapen or unused tensor.
+using ModelFactory = std::shared_ptr<const Model> (*)(const Params& params, TensorMap& tensors, bool repack);
+// Called once per architecture from a static initializer in its file.
+bool register_architecture(const std::string& name, ModelFactory factory);
+std::shared_ptr<const Model> make_model(const std::string& arch, const Params& params, TensorMap& tensors,
+                                        bool repack);
+std::vector<std::string> architectures();
+
+// One sequence: its KV cache, its position, and scratch for up to n_batch tokens per call.
+class Sequence {
+ public:
+  Sequence(std::shared_ptr<const Model> model, int64_t n_ctx, int64_t n_batch, KvType kv_type);
+
+  // Runs n tokens (1 <= n <= n_batch) at positions n_past..n_past+n-1, appending them to the
+  // cache. logits receives [n][n_vocab] floats when all_logits, else the last token's
+  // [n_vocab]. Throws std::invalid_argument (bad id, no room) before changing any state,
+  // and std::runtime_error if another thread is using this sequence.
+  void eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, MatmulMode mode, int n_threads);
+
+  int64_t n_past() const { return n_past_; }
+  int64_t n_ctx() const { return n_ctx_; }
+  int64_t n_batch() const { return n_batch_; }
+  int64_t n_vocab() const { return model_->dims().n_vocab; }
+  // Forget positions >= n (0 clears the sequence).
+  void truncate(int64_t n);
+  const KVCache& cache() const { return cache_; }
+  const std::shared_ptr<const Model>& model() const { return model_; }
+
+ private:
+  friend class Batch;
+  std::shared_ptr<const Model> model_;
+  int64_t n_ctx_, n_batch_;
+  KVCache cache_;
+  int64_t n_past_ = 0;
+  std::mutex busy_;
+  Scratch scratch_;  // n_batch rows
+};
+
+// Batched decode: one token for each of up to n_seq sequences (of one model, each at its own
+// position) in one forward pass, so every weight is read once per step for all of them;
+// attention stays per sequence.
+class Batch {
+ public:
+  Batch(std::shared_ptr<const Model> model, int64_t n_seq);
+
+  // Appends ids[b] to seqs[b] (b < n, 1 <= n <= n_seq, sequences distinct and of this model)
+  // and writes its next-token logits to logits[b][n_vocab]. Throws std::invalid_argument (bad
+  // id, full sequence, repeated or foreign sequence) before changing any state, and
+  // std::runtime_error if a sequence is in use by another thread. The result of each row is
+  // that of seqs[b]->eval(&ids[b], 1, ...) alone, bit for bit in fast mode; exact mode may
+  // differ in float rounding (its kernels block over rows).
+  void decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* logits, MatmulMode mode, int n_threads);
+
+  int64_t n_seq() const { return n_seq_; }
+
+ private:
+  std::shared_ptr<const Model> model_;
+  int64_t n_seq_;
+  std::mutex busy_;
+  Scratch scratch_;
+};
+
+// ---- helpers for the architectures' forward passes
+
+// Appends each segment's new keys and values (k, v: rows of stride kv_stride) to its cache at
+// layer il, then runs its rows' attention (args[i] for segs[i]).
+void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float* k, const float* v,
+                       int64_t kv_stride, const std::vector<AttentionArgs>& args, int n_threads);
+
+// Row-wise work of a forward pass (norms, RoPE, residual adds, activations: each row
+// independent of the others) on the pool, in items of 8 to 32 rows, two per thread where the
+// rows allow (a batched decode step's 16 rows make two items; a prefill's, items of 32); a
+// single decode step's row runs inline.
+template <class F>
+void for_rows(int n_threads, int64_t n_rows, const F& f) {
+  int64_t grain = n_rows / (2 * static_cast<int64_t>(n_threads < 1 ? 1 : n_threads));
+  grain = grain < 8 ? 8 : grain > 32 ? 32 : grain;
+  parallel_for(n_threads, n_rows, grain, [&](int64_t r0, int64_t r1, int) { f(r0, r1 - r0); });
+}
+
+// "blk.<layer>.<name>", or name alone for layer < 0.
+std::string tensor_name(int64_t layer, const char* name);
+// std::invalid_argument unless w is present, of shape [rows][cols], with a matmul kernel.
+void check_weight(const WeightRef& w, const std::string& name, int64_t rows, int64_t cols);
+// A float32 vector of n values (a norm's weight, RoPE's factors), or std::invalid_argument.
+const float* check_vector(const WeightRef& w, const std::string& name, int64_t n);
+
+}  // namespace pyinfer

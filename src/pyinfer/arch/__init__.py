@@ -1,0 +1,36 @@
+"""Architectures: one description per architecture (config from metadata, the tensors it
+reads, the keys it implements), shared by the C++ model, the NumPy reference and `info`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfer.arch.base import Architecture, Config, Description, UnsupportedModelError
+from pyinfer.arch.llama import LLAMA
+
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA,)}
+
+__all__ = ["ARCHITECTURES", "Architecture", "Config", "Description", "UnsupportedModelError",
+           "architecture", "describe"]
+
+
+def architecture(reader: Any) -> Architecture:
+    """The description of a GGUFReader's architecture; UnsupportedModelError if none."""
+    name = reader.metadata.get("general.architecture")
+    arch = ARCHITECTURES.get(name) if isinstance(name, str) else None
+    if arch is None:
+        raise UnsupportedModelError(
+            f"{reader.path}: architecture {name!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
+        )
+    return arch
+
+
+def describe(reader: Any) -> Description:
+    """A GGUFReader's file as its architecture reads it: UnsupportedModelError (a ValueError)
+    naming the tensor or metadata key the forward pass would otherwise ignore."""
+    arch = architecture(reader)
+    shapes = {name: tuple(t.shape) for name, t in reader.tensors.items()}
+    try:
+        return arch.describe(reader.metadata, shapes)
+    except UnsupportedModelError as e:
+        raise UnsupportedModelError(f"{reader.path}: {e}") from None

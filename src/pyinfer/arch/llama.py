@@ -1,0 +1,122 @@
+"""The llama architecture (Llama 1-3, SmolLM, TinyLlama, Mistral's dense models as converted
+to `llama`): RMSNorm, RoPE on adjacent pairs, grouped-query attention, SwiGLU; the C++ side
+is csrc/models/llama.cpp."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pyinfer.arch.base import (
+    Architecture,
+    Config,
+    UnsupportedModelError,
+    get_float,
+    get_int,
+    get_key,
+)
+
+
+def _config(arch: Architecture, md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> Config:
+    emb = shapes.get("token_embd.weight")
+    if emb is None or len(emb) != 2:
+        raise UnsupportedModelError("tensor token_embd.weight is missing or not a matrix")
+    n_embd, n_vocab = get_int(arch, md, "embedding_length"), int(emb[1])
+    n_head = get_int(arch, md, "attention.head_count")
+    if n_head < 1:
+        raise UnsupportedModelError(f"{arch.key('attention.head_count')} = {n_head} must be positive")
+    head_dim = get_int(arch, md, "attention.key_length", n_embd // n_head)
+    value_dim = get_int(arch, md, "attention.value_length", head_dim)
+    if value_dim != head_dim:
+        raise UnsupportedModelError(
+            f"{arch.key('attention.value_length')} = {value_dim} differs from the key length {head_dim}: "
+            "not supported"
+        )
+    rope_dim = get_int(arch, md, "rope.dimension_count", head_dim)
+    if rope_dim != head_dim:
+        raise UnsupportedModelError(
+            f"{arch.key('rope.dimension_count')} = {rope_dim}: RoPE on part of a head "
+            f"(head dim {head_dim}) is not supported"
+        )
+    vocab = md.get(arch.key("vocab_size"))
+    if vocab is not None and int(vocab) != n_vocab:
+        raise UnsupportedModelError(
+            f"{arch.key('vocab_size')} = {vocab} but token_embd.weight has {n_vocab} rows"
+        )
+
+    # RoPE scaling: none, or linear (positions divided by the factor). Llama 3's frequency
+    # factors come as the tensor rope_freqs.weight, which the forward pass reads.
+    scaling = str(get_key(arch, md, "rope.scaling.type", "none"))
+    freq_scale = 1.0
+    if scaling == "linear":
+        factor = get_float(arch, md, "rope.scaling.factor", 1.0)
+        if not factor > 0:
+            raise UnsupportedModelError(f"{arch.key('rope.scaling.factor')} = {factor} must be positive")
+        freq_scale = 1.0 / factor
+    elif scaling == "none":
+        factor = get_float(arch, md, "rope.scaling.factor", 1.0)
+        if factor not in (0.0, 1.0):
+            raise UnsupportedModelError(
+                f"{arch.key('rope.scaling.factor')} = {factor} without a scaling type is not supported"
+            )
+    else:
+        raise UnsupportedModelError(f"{arch.key('rope.scaling.type')} = {scaling!r} is not supported")
+    legacy = md.get(arch.key("rope.scale_linear"))
+    if legacy is not None:  # older converters' spelling of linear scaling
+        if not float(legacy) > 0:
+            raise UnsupportedModelError(f"{arch.key('rope.scale_linear')} = {legacy} must be positive")
+        freq_scale /= float(legacy)
+    rope_freqs = shapes.get("rope_freqs.weight")
+    if rope_freqs is not None and tuple(rope_freqs) != (head_dim // 2,):
+        raise UnsupportedModelError(
+            f"tensor rope_freqs.weight has shape {tuple(rope_freqs)}, expected ({head_dim // 2},)"
+        )
+
+    return Config(
+        architecture=arch.name,
+        n_layer=get_int(arch, md, "block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=get_int(arch, md, "attention.head_count_kv", n_head),
+        head_dim=head_dim,
+        n_ff=get_int(arch, md, "feed_forward_length"),
+        n_vocab=n_vocab,
+        n_ctx_train=get_int(arch, md, "context_length", 2048),
+        rope_base=get_float(arch, md, "rope.freq_base", 10000.0),
+        rms_eps=get_float(arch, md, "attention.layer_norm_rms_epsilon", 1e-5),
+        rope_freq_scale=freq_scale,
+        tied_output="output.weight" not in shapes,
+    )
+
+
+LLAMA = Architecture(
+    name="llama",
+    make_config=_config,
+    tensors=(
+        "token_embd.weight",
+        "output_norm.weight",
+        "output.weight",  # absent: tied to the embedding
+        "rope_freqs.weight",  # Llama 3's per-pair RoPE frequency factors
+        "blk.{L}.attn_norm.weight",
+        "blk.{L}.attn_q.weight",
+        "blk.{L}.attn_k.weight",
+        "blk.{L}.attn_v.weight",
+        "blk.{L}.attn_output.weight",
+        "blk.{L}.ffn_norm.weight",
+        "blk.{L}.ffn_gate.weight",
+        "blk.{L}.ffn_up.weight",
+        "blk.{L}.ffn_down.weight",
+    ),
+    # Old converters stored each layer's RoPE inverse frequencies, which follow from the base.
+    harmless_tensors=("blk.{L}.attn_rot_embd",),
+    implemented_keys=frozenset({
+        "block_count", "embedding_length", "feed_forward_length",
+        "attention.head_count", "attention.head_count_kv", "attention.layer_norm_rms_epsilon",
+        "attention.key_length", "attention.value_length",
+        "rope.freq_base", "rope.dimension_count", "rope.scaling.type", "rope.scaling.factor",
+        "rope.scale_linear", "vocab_size",
+    }),
+    # The training context only sets the default n_ctx; the original context length and the
+    # fine-tuned flag only matter to YaRN scaling, which is refused.
+    harmless_keys=frozenset({"context_length", "rope.scaling.original_context_length", "rope.scaling.finetuned"}),
+)
