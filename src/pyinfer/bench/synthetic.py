@@ -5,8 +5,10 @@ kernel does the same work on any bytes), so these time like real models of their
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,19 +29,20 @@ class Shape:
     n_ff: int
     n_vocab: int
     n_ctx: int = 4096
+    key_length: int = 0  # head dim, when not n_embd / n_head
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.key_length or self.n_embd // self.n_head
 
     def matrices(self) -> dict[str, tuple[int, int]]:
         """Every weight matrix, (rows, cols) in NumPy order."""
-        kv = self.n_head_kv * self.head_dim
+        q, kv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
         out = {"token_embd.weight": (self.n_vocab, self.n_embd), "output.weight": (self.n_vocab, self.n_embd)}
         for i in range(self.n_layer):
             p = f"blk.{i}."
-            out.update({p + "attn_q.weight": (self.n_embd, self.n_embd), p + "attn_k.weight": (kv, self.n_embd),
-                        p + "attn_v.weight": (kv, self.n_embd), p + "attn_output.weight": (self.n_embd, self.n_embd),
+            out.update({p + "attn_q.weight": (q, self.n_embd), p + "attn_k.weight": (kv, self.n_embd),
+                        p + "attn_v.weight": (kv, self.n_embd), p + "attn_output.weight": (self.n_embd, q),
                         p + "ffn_gate.weight": (self.n_ff, self.n_embd), p + "ffn_up.weight": (self.n_ff, self.n_embd),
                         p + "ffn_down.weight": (self.n_embd, self.n_ff)})
         return out
@@ -84,10 +87,13 @@ def _random_matrix(rng: np.random.Generator, rows: int, cols: int, ggml_type: GG
 
 
 def write_synthetic_llama(path: str | os.PathLike[str], shape: Shape | str,
-                          ggml_type: GGMLType = GGMLType.Q4_1, seed: int = 0) -> Path:
+                          ggml_type: GGMLType = GGMLType.Q4_1, seed: int = 0, *,
+                          metadata: Mapping[str, Any] | None = None,
+                          tensors: Mapping[str, np.ndarray] | None = None) -> Path:
     """Write a llama GGUF of `shape` (a Shape or a PRESETS name) with random weights in
     `ggml_type` (norms in F32), a separate output head, a byte-level tokenizer and a chat
-    template."""
+    template; `metadata` (key -> value, or (value, ValueType)) and `tensors` (name -> float32
+    array in NumPy order) are added as they are."""
     s = PRESETS[shape] if isinstance(shape, str) else shape
     rng = np.random.default_rng(seed)
     path = Path(path)
@@ -99,6 +105,9 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: Shape | str,
                  ("attention.head_count_kv", s.n_head_kv), ("vocab_size", s.n_vocab),
                  ("rope.dimension_count", s.head_dim)]:
         w.add(f"llama.{k}", v, ValueType.UINT32)
+    if s.key_length:
+        w.add("llama.attention.key_length", s.key_length, ValueType.UINT32)
+        w.add("llama.attention.value_length", s.key_length, ValueType.UINT32)
     w.add("llama.rope.freq_base", 10000.0, ValueType.FLOAT32)
     w.add("llama.attention.layer_norm_rms_epsilon", 1e-5, ValueType.FLOAT32)
     w.add("general.file_type", {GGMLType.Q4_1: 3, GGMLType.Q4_0: 2, GGMLType.Q8_0: 7,
@@ -121,6 +130,13 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: Shape | str,
         for norm in ("attn_norm", "ffn_norm"):
             w.add_tensor(f"blk.{i}.{norm}.weight", 1 + 0.1 * rng.standard_normal(s.n_embd).astype(np.float32))
     w.add_tensor("output_norm.weight", np.ones(s.n_embd, np.float32))
+    for key, value in (metadata or {}).items():
+        if isinstance(value, tuple):
+            w.add(key, *value)
+        else:
+            w.add(key, value)
+    for name, t in (tensors or {}).items():
+        w.add_tensor(name, np.ascontiguousarray(t, np.float32))
     w.write()
     return path
 
