@@ -703,7 +703,8 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const PyModel& model, int64_t n_ctx, int64_t n_batch, py::object kv_dtype) {
              return new Sequence(model.model, n_ctx, n_batch, parse_kv_dtype(kv_dtype));
            }),
-           py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("kv_dtype") = "float32")
+           py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("kv_dtype") = "float32",
+           py::keep_alive<1, 2>())  // the model's arrays (views of the mapped file) outlive the sequence
       .def("eval", &sequence_eval_py, py::arg("ids"), py::arg("logits"), py::arg("all_logits"), py::arg("precision"),
            py::arg("n_threads"),
            "Run int32 ids (1..n_batch of them) at the next positions; write the logits of every token "
@@ -715,7 +716,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("kv_nbytes", [](const Sequence& c) { return c.cache().nbytes(); });
   py::class_<Batch>(m, "Batch", "Batched decode: one token for each of up to n_seq sequences in one forward pass.")
       .def(py::init([](const PyModel& model, int64_t n_seq) { return new Batch(model.model, n_seq); }),
-           py::arg("model"), py::arg("n_seq"))
+           py::arg("model"), py::arg("n_seq"), py::keep_alive<1, 2>())
       .def("decode", &batch_decode_py, py::arg("contexts"), py::arg("ids"), py::arg("logits"),
            py::arg("precision"), py::arg("n_threads"),
            "Append ids[b] (int32 [n]) to contexts[b] (n distinct sequences of this model, n <= n_seq), every "

@@ -255,3 +255,46 @@ def _rx(s: str) -> str:
     import re
 
     return re.escape(s)
+
+
+def test_sequences_and_batches_keep_their_weights_alive(tmp_path: Path) -> None:
+    """A sequence or batch outliving every other reference to its model keeps the arrays the
+    weights point into (here heap copies) alive, and computes from them; the last one gone,
+    they are freed."""
+    import gc
+    import weakref
+
+    r = GGUFReader(write(tmp_path))
+    d = describe(r)
+    ids = np.array(IDS[:8], np.int32)
+
+    def model() -> tuple[_C.Model, weakref.ref[np.ndarray]]:
+        t = {n: (r.tensor(n).copy(), int(r.tensors[n].type), r.tensors[n].n_elements // r.tensors[n].shape[0],
+                 r.tensors[n].shape[0]) for n in d.tensors}
+        return _C.Model("llama", d.config.params(), t, False), weakref.ref(t["blk.0.attn_q.weight"][0])
+
+    def logits(seq: _C.Sequence) -> np.ndarray:
+        out = np.empty((1, SHAPE.n_vocab), np.float32)
+        seq.truncate(0)
+        seq.eval(ids, out, False, "exact", 1)
+        return out
+
+    m, weights = model()
+    seq = _C.Sequence(m, 64, 8)
+    first = logits(seq)
+    del m
+    gc.collect()
+    assert weights() is not None
+    np.testing.assert_array_equal(logits(seq), first)
+    del seq
+    gc.collect()
+    assert weights() is None
+
+    m, weights = model()
+    batch, seq = _C.Batch(m, 2), _C.Sequence(m, 64, 8)
+    del m, seq
+    gc.collect()
+    assert weights() is not None
+    del batch
+    gc.collect()
+    assert weights() is None
