@@ -142,6 +142,21 @@ UNSUPPORTED_KWARGS: dict[str, Any] = {
 # pyinfer's own constructor keywords, beyond llama-cpp-python's.
 PYINFER_KWARGS = frozenset({"precision", "kv_dtype"})
 
+# llama-cpp-python's sampling defaults, part of its API and kept as they are here, apart
+# from llama.cpp's (SamplingParams' own): create_chat_completion's temperature is lower, and
+# either set may move on its own. last_n_tokens_size defaults to repeat_last_n.
+COMPLETION_DEFAULTS = SamplingParams(
+    temperature=0.8,
+    top_k=40,
+    top_p=0.95,
+    min_p=0.05,
+    repeat_penalty=1.0,
+    presence_penalty=0.0,
+    frequency_penalty=0.0,
+    repeat_last_n=64,
+)
+CHAT_DEFAULTS = dataclasses.replace(COMPLETION_DEFAULTS, temperature=0.2)
+
 # A plain ChatML template, for chat_format="chatml".
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -257,7 +272,7 @@ class Llama:
         logits_all: bool = False,
         verbose: bool = True,
         chat_format: str | None = None,
-        last_n_tokens_size: int = 64,
+        last_n_tokens_size: int = COMPLETION_DEFAULTS.repeat_last_n,
         **kwargs: Any,
     ) -> None:
         """Load `model_path` (a GGUF file; None: pyinfer's default model).
@@ -563,17 +578,17 @@ class Llama:
         prompt: str | list[int],
         suffix: str | None = None,
         max_tokens: int | None = 16,
-        temperature: float = 0.8,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
+        temperature: float = COMPLETION_DEFAULTS.temperature,
+        top_p: float = COMPLETION_DEFAULTS.top_p,
+        min_p: float = COMPLETION_DEFAULTS.min_p,
         typical_p: float = 1.0,
         logprobs: int | None = None,
         echo: bool = False,
         stop: StopArg = [],  # noqa: B006  (llama-cpp-python's default; never mutated)
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        repeat_penalty: float = 1.0,
-        top_k: int = 40,
+        frequency_penalty: float = COMPLETION_DEFAULTS.frequency_penalty,
+        presence_penalty: float = COMPLETION_DEFAULTS.presence_penalty,
+        repeat_penalty: float = COMPLETION_DEFAULTS.repeat_penalty,
+        top_k: int = COMPLETION_DEFAULTS.top_k,
         stream: bool = False,
         seed: int | None = None,
         tfs_z: float = 1.0,
@@ -802,19 +817,19 @@ class Llama:
         function_call: Any = None,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = None,
-        temperature: float = 0.2,
-        top_p: float = 0.95,
-        top_k: int = 40,
-        min_p: float = 0.05,
+        temperature: float = CHAT_DEFAULTS.temperature,
+        top_p: float = CHAT_DEFAULTS.top_p,
+        top_k: int = CHAT_DEFAULTS.top_k,
+        min_p: float = CHAT_DEFAULTS.min_p,
         typical_p: float = 1.0,
         stream: bool = False,
         stop: StopArg = [],  # noqa: B006
         seed: int | None = None,
         response_format: dict[str, Any] | None = None,
         max_tokens: int | None = None,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        repeat_penalty: float = 1.0,
+        presence_penalty: float = CHAT_DEFAULTS.presence_penalty,
+        frequency_penalty: float = CHAT_DEFAULTS.frequency_penalty,
+        repeat_penalty: float = CHAT_DEFAULTS.repeat_penalty,
         tfs_z: float = 1.0,
         mirostat_mode: int = 0,
         mirostat_tau: float = 5.0,

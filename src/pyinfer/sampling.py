@@ -58,7 +58,9 @@ def _integer(name: str, value: Any) -> int:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each token. Defaults are llama.cpp's (and llama-cpp-python's).
+    """How to pick each token. The defaults are llama.cpp's, written here only (Model.generate,
+    generate() and the command line take theirs from here; pyinfer.Llama keeps
+    llama-cpp-python's own set).
 
     temperature: >= 0; 0 is greedy (argmax). top_k: >= 0; 0 keeps the whole vocabulary.
     top_p: in [0, 1]; 1 is off, 0 keeps only the most likely token. min_p: in [0, 1]; 0 is
@@ -155,6 +157,10 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+
+# llama.cpp's defaults, for the signatures and options that show them.
+DEFAULT_PARAMS = SamplingParams()
 
 
 # ---- results
