@@ -84,7 +84,7 @@ from pyinfer.errors import ContextOverflowError, ParameterTypeError
 from pyinfer.generate import CompletionChunk, generate
 from pyinfer.model import Model
 from pyinfer.models import resolve_model
-from pyinfer.sampling import SamplingParams, TokenLogprob
+from pyinfer.sampling import SamplingParams, TokenLogprob, log_softmax
 
 # llama.cpp's "pick a random seed" value, llama-cpp-python's default seed.
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
@@ -515,9 +515,7 @@ class Llama:
     @staticmethod
     def logits_to_logprobs(logits: Any, axis: int = -1) -> np.ndarray:
         """log-softmax along axis, in float32 like llama-cpp-python."""
-        x = np.asarray(logits, dtype=np.float32)
-        m = np.max(x, axis=axis, keepdims=True)
-        return x - m - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
+        return log_softmax(logits, axis)
 
     def close(self) -> None:
         """End an open stream and empty the context."""

@@ -17,6 +17,7 @@ from pyinfer import _C
 from pyinfer.chat import ChatTemplate
 from pyinfer.gguf import GGUFReader
 from pyinfer.models import ModelArg, resolve_model
+from pyinfer.sampling import logsumexp
 from pyinfer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -290,10 +291,9 @@ class Model:
             if len(chunk) < 2:
                 break
             ctx.reset()
-            lg = ctx.eval(chunk, all_logits=True)[:-1].astype(np.float64)
-            mx = lg.max(axis=1, keepdims=True)
-            lse = (mx[:, 0] + np.log(np.exp(lg - mx).sum(axis=1)))
-            nll += float((lse - lg[np.arange(len(chunk) - 1), chunk[1:]]).sum())
+            lg = ctx.eval(chunk, all_logits=True)[:-1]
+            picked = lg[np.arange(len(chunk) - 1), chunk[1:]].astype(np.float64)
+            nll += float((logsumexp(lg) - picked).sum())
             count += len(chunk) - 1
         return math.exp(nll / count)
 
