@@ -11,7 +11,7 @@ from typing import Any, TextIO
 
 from pyinfer.errors import GGUFError
 from pyinfer.sampling import DEFAULT_PARAMS
-from pyinfer.models import DEFAULT_MODEL, KNOWN_MODELS, ModelNotFoundError, pull, resolve_model
+from pyinfer.registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotFoundError, pull, resolve_model
 
 
 def _cmd_info(args: argparse.Namespace) -> int:

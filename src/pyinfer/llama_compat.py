@@ -83,7 +83,7 @@ from pyinfer.chat import ChatTemplate
 from pyinfer.errors import ContextOverflowError, ParameterTypeError
 from pyinfer.generate import CompletionChunk, generate
 from pyinfer.model import Model
-from pyinfer.models import resolve_model
+from pyinfer.registry import resolve_model
 from pyinfer.sampling import SamplingParams, TokenLogprob, log_softmax
 
 # llama.cpp's "pick a random seed" value, llama-cpp-python's default seed.

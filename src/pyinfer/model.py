@@ -16,7 +16,7 @@ import numpy as np
 from pyinfer import _C
 from pyinfer.chat import ChatTemplate
 from pyinfer.gguf import GGUFReader
-from pyinfer.models import ModelArg, resolve_model
+from pyinfer.registry import ModelArg, resolve_model
 from pyinfer.sampling import logsumexp
 from pyinfer.tokenizer import Tokenizer
 

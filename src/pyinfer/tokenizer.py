@@ -278,7 +278,7 @@ class Tokenizer:
     def load(cls, model: Any = None) -> Tokenizer:
         """The tokenizer of a GGUF file: a path, a known model name, or None (the default)."""
         from pyinfer.gguf import GGUFReader
-        from pyinfer.models import resolve_model
+        from pyinfer.registry import resolve_model
 
         with GGUFReader(resolve_model(model)) as reader:
             return cls(reader.metadata)
