@@ -523,7 +523,7 @@ class Llama:
         self._context.reset()
         self.n_tokens = 0
 
-    def __enter__(self) -> Llama:  # noqa: PYI034
+    def __enter__(self) -> Llama:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -190,7 +190,8 @@ class Model:
         self._native = _C.LlamaModel(cfg, tensors, bool(repack))
         self._tokenizer: Tokenizer | None = None
         self._chat_template: ChatTemplate | None = None
-        # Compute scratch of decode_batch (activations for n_seq rows, no sequence state), grown to the largest batch seen; one step at a time.
+        # Compute scratch of decode_batch (activations for n_seq rows, no sequence state),
+        # grown to the largest batch seen; one step at a time.
         self._batch: Any = None
         self._batch_lock = threading.Lock()
 

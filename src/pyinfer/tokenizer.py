@@ -48,7 +48,7 @@ END_OF_TURN_TEXTS = frozenset(
         "<end_of_utterance>",
         "<EOT>",
         "_<EOT>",
-        "<｜end▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",  # noqa: RUF001 (DeepSeek's token is spelled with fullwidth bars)
     }
 )
 

@@ -313,7 +313,8 @@ def batch_ceilings(s: Settings, m: Model, nt: int, kv: float) -> dict[str, Any]:
     """What B sequences could reach at most: memory (B tokens per read of the weights, plus
     each sequence's KV cache) and, where the model's matrices all take the int8 kernels on the
     AVX-512 path, arithmetic (the int8 peak on nt cores over the slots a token takes)."""
-    out: dict[str, Any] = {"threads": nt, "read_gbps": s.bandwidth(nt)["median_gbps"], "weight_bytes_per_step": m.weight_bytes_per_token,
+    out: dict[str, Any] = {"threads": nt, "read_gbps": s.bandwidth(nt)["median_gbps"],
+                           "weight_bytes_per_step": m.weight_bytes_per_token,
                            "kv_bytes_per_token": kv, "int8_tokens_per_s": None}
     slots = int8_slots_per_token(m.reader)
     peak = int8_peak_gops() if _C.get_isa() == "avx512" and slots is not None else None
@@ -661,8 +662,9 @@ def study_peers(s: Settings) -> Report:
                       "as in the ceiling study)" if peak is not None else "") + "."
                    for r in rows if "pp_gops_per_core" in r]
     if ratios:
-        md += [""] + table(["peer", "threads", f"pp{pp} pyinfer / peer", f"tg{tg} pyinfer / peer"],
-                           [[x["peer"], x["threads"], f"{x['pp_ratio']:.2f}x", f"{x['tg_ratio']:.2f}x"] for x in ratios])
+        md += [""] + table(
+            ["peer", "threads", f"pp{pp} pyinfer / peer", f"tg{tg} pyinfer / peer"],
+            [[x["peer"], x["threads"], f"{x['pp_ratio']:.2f}x", f"{x['tg_ratio']:.2f}x"] for x in ratios])
     md += ["", "### Start-up", "",
            f"Load: median of {load_reps} loads each (`Model.load(path, n_threads=t, n_ctx={STARTUP_N_CTX})`, "
            f"`Llama(model_path=path, n_threads=t, n_ctx={STARTUP_N_CTX}, verbose=False)`), engines alternating, "
