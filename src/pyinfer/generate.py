@@ -10,9 +10,9 @@ behind Model.generate and Model.chat, also own the idle contexts those calls reu
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
 
 import numpy as np
 
@@ -162,7 +162,7 @@ def generate(
     return chunks if stream else req.completion(chunks)
 
 
-def _drive(ctx: SequenceContext, req: Request, n_batch: int) -> Iterator[CompletionChunk]:
+def _drive(ctx: SequenceContext, req: Request, n_batch: int) -> Generator[CompletionChunk, None, None]:
     # prefill, a chunk at a time so that a cancel waits for one chunk at most
     ids = req.prefill_ids()
     spent = 0.0
@@ -268,10 +268,11 @@ def model_generate(
     """
     if started is None:
         started = perf_counter()
+    ids: Sequence[int] | np.ndarray
     if isinstance(prompt, str):
-        ids: Sequence[int] | np.ndarray = model.tokenize(prompt, add_bos=add_bos, special=special)
+        ids = model.tokenize(prompt, add_bos=add_bos, special=special)
     elif isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, (bytes, bytearray)):
-        ids = prompt
+        ids = cast("Sequence[int] | np.ndarray", prompt)  # a str took the branch above
     else:
         raise ValueError(
             f"prompt must be a str or a sequence of token ids, not {type(prompt).__name__}"

@@ -9,7 +9,7 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
@@ -77,7 +77,7 @@ class ModelConfig:
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _check_positive_int(name: str, value: object) -> int:
@@ -188,7 +188,6 @@ class Model:
                "head_dim": c.head_dim, "n_ff": c.n_ff, "n_vocab": c.n_vocab, "rope_base": c.rope_base,
                "rms_eps": c.rms_eps}
         self._native = _C.LlamaModel(cfg, tensors, bool(repack))
-        self._tokenizer: Tokenizer | None = None
         self._chat_template: ChatTemplate | None = None
         # Compute scratch of decode_batch (activations for n_seq rows, no sequence state),
         # grown to the largest batch seen; one step at a time.
@@ -307,6 +306,12 @@ class Model:
             self._chat_template = ChatTemplate.from_metadata(self.reader.metadata)
         return self._chat_template
 
+    @overload
+    def generate(self, prompt: str | Sequence[int], *, stream: Literal[False] = False, **kwargs: Any) -> Completion: ...
+    @overload
+    def generate(
+        self, prompt: str | Sequence[int], *, stream: Literal[True], **kwargs: Any
+    ) -> Iterator[CompletionChunk]: ...
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """Continue a prompt (text, or token ids) in a fresh sequence; keywords and defaults:
         pyinfer.generate.model_generate (the sampling ones are SamplingParams', llama.cpp's)."""
@@ -314,6 +319,14 @@ class Model:
 
         return model_generate(self, prompt, **kwargs)
 
+    @overload
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], *, stream: Literal[False] = False, **kwargs: Any
+    ) -> Completion: ...
+    @overload
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], *, stream: Literal[True], **kwargs: Any
+    ) -> Iterator[CompletionChunk]: ...
     def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """Reply to a conversation: messages ({"role": ..., "content": ...}) rendered with the
         model's chat template and an assistant header; the same keywords as generate()."""
