@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pyinfer.model import Model
-from pyinfer.models import resolve_model
+from pyinfer.registry import resolve_model
 
 PROMPT = 16
 

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core: no helper threads
 
-    from pyinfer.models import resolve_model
+    from pyinfer.registry import resolve_model
     from pyinfer.tokenizer import Tokenizer
 
     path = resolve_model(args.model)

@@ -15,7 +15,7 @@ ISAS = pyinfer.cpu_info()["available"]
 
 @pytest.fixture(scope="session")
 def default_model() -> Path:
-    from pyinfer.models import resolve_model
+    from pyinfer.registry import resolve_model
 
     return resolve_model(None)
 

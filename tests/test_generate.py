@@ -17,8 +17,9 @@ import pytest
 
 from pyinfer import CancelToken, ContextOverflowError, Tokenizer
 from pyinfer.errors import ParameterTypeError
-from pyinfer.generate import Completion, CompletionChunk, _scan, generate
+from pyinfer.generate import Completion, CompletionChunk, generate
 from pyinfer.gguf import GGUFReader
+from pyinfer.request import _scan
 from pyinfer.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pyinfer.errors import ContextOverflowError
-from pyinfer.generate import CancelToken
+from pyinfer.generate import CancelToken, context_pool
 from pyinfer.model import Model
 
 REF = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
@@ -50,11 +50,11 @@ def test_stream_matches_completion_and_returns_its_context(fast):
     assert "".join(c.text for c in chunks) == whole.text
     assert [t for c in chunks for t in c.token_ids] == whole.token_ids
     assert chunks[-1].finish_reason == whole.finish_reason == "length"
-    idle = len(fast._idle)
+    idle = len(context_pool(fast))
     it = fast.generate("Once upon a time", max_tokens=24, temperature=0, stream=True)
     next(it)
     it.close()
-    assert len(fast._idle) == idle
+    assert len(context_pool(fast)) == idle
 
 
 def test_stop_string_is_not_emitted(fast):

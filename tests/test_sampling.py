@@ -16,7 +16,7 @@ import pytest
 import pyinfer
 from pyinfer import _sampling
 from pyinfer.errors import ParameterTypeError
-from pyinfer.sampling import Sampler, SamplingParams
+from pyinfer.sampling import Sampler, SamplingParams, log_softmax, logsumexp
 
 N_VOCAB = 49152
 
@@ -428,3 +428,22 @@ def test_one_token_from_a_full_vocabulary_takes_well_under_a_millisecond():
         s.sample(x, history)
         times.append(time.perf_counter() - t)
     assert float(np.median(times)) < 1e-3
+
+
+# ---- the one log-softmax
+
+
+@pytest.mark.parametrize("shape, axis", [((7,), -1), ((3, 50), -1), ((4, 6, 30), 1), ((5, 9), 0)])
+def test_log_softmax_and_logsumexp_match_float64(shape, axis):
+    rng = np.random.default_rng(sum(shape))
+    x = (rng.standard_normal(shape) * 8).astype(np.float32)
+    x64 = x.astype(np.float64)
+    m = x64.max(axis=axis, keepdims=True)
+    ref = x64 - m - np.log(np.exp(x64 - m).sum(axis=axis, keepdims=True))
+    got = log_softmax(x, axis)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_allclose(got, ref, atol=2e-6)
+    lse = logsumexp(np.moveaxis(x, axis, -1))
+    np.testing.assert_allclose(lse, np.moveaxis(x64 - ref, axis, -1)[..., 0], atol=1e-6)
+    with pytest.raises(ValueError, match="non-empty"):
+        logsumexp(np.zeros((3, 0), np.float32))

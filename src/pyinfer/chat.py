@@ -174,7 +174,7 @@ class ChatTemplate:
     def load(cls, model: Any = None, **kwargs: Any) -> ChatTemplate:
         """The template of a GGUF file: a path, a known model name, or None (the default)."""
         from pyinfer.gguf import GGUFReader
-        from pyinfer.models import resolve_model
+        from pyinfer.registry import resolve_model
 
         with GGUFReader(resolve_model(model)) as reader:
             return cls.from_metadata(reader.metadata, **kwargs)

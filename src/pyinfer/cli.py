@@ -10,7 +10,8 @@ import sys
 from typing import Any, TextIO
 
 from pyinfer.errors import GGUFError
-from pyinfer.models import DEFAULT_MODEL, KNOWN_MODELS, ModelNotFoundError, pull, resolve_model
+from pyinfer.registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotFoundError, pull, resolve_model
+from pyinfer.sampling import DEFAULT_PARAMS
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -154,12 +155,18 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None, help="GGUF path or known model name (default: smollm2)")
     p.add_argument("--threads", "-t", type=int, default=None, help="threads (default: all cores)")
     p.add_argument("--ctx", "-c", type=int, default=2048, help="context length in tokens (default: %(default)s)")
-    p.add_argument("--max-tokens", "-n", type=int, default=512, help="tokens to generate at most (default: %(default)s)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 is greedy (default: %(default)s)")
-    p.add_argument("--top-k", type=int, default=40, help="0 is off (default: %(default)s)")
-    p.add_argument("--top-p", type=float, default=0.95, help="1 is off (default: %(default)s)")
-    p.add_argument("--min-p", type=float, default=0.05, help="0 is off (default: %(default)s)")
-    p.add_argument("--repeat-penalty", type=float, default=1.0, help="1 is off (default: %(default)s)")
+    p.add_argument("--max-tokens", "-n", type=int, default=512,
+                   help="tokens to generate at most (default: %(default)s)")
+    p.add_argument("--temperature", type=float, default=DEFAULT_PARAMS.temperature,
+                   help="0 is greedy (default: %(default)s)")
+    p.add_argument("--top-k", type=int, default=DEFAULT_PARAMS.top_k,
+                   help="0 is off (default: %(default)s)")
+    p.add_argument("--top-p", type=float, default=DEFAULT_PARAMS.top_p,
+                   help="1 is off (default: %(default)s)")
+    p.add_argument("--min-p", type=float, default=DEFAULT_PARAMS.min_p,
+                   help="0 is off (default: %(default)s)")
+    p.add_argument("--repeat-penalty", type=float, default=DEFAULT_PARAMS.repeat_penalty,
+                   help="1 is off (default: %(default)s)")
     p.add_argument("--seed", type=int, default=None, help="makes sampling reproducible")
     p.add_argument("--precision", choices=["fast", "exact"], default="fast",
                    help="fast: 8-bit activations, integer dot products; exact: float32 (default: %(default)s)")

@@ -78,13 +78,13 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from pyinfer import _C
+from pyinfer import _C, openai_types
 from pyinfer.chat import ChatTemplate
 from pyinfer.errors import ContextOverflowError, ParameterTypeError
 from pyinfer.generate import CompletionChunk, generate
 from pyinfer.model import Model
-from pyinfer.models import resolve_model
-from pyinfer.sampling import SamplingParams, TokenLogprob
+from pyinfer.registry import resolve_model
+from pyinfer.sampling import SamplingParams, TokenLogprob, log_softmax
 
 # llama.cpp's "pick a random seed" value, llama-cpp-python's default seed.
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
@@ -141,6 +141,21 @@ UNSUPPORTED_KWARGS: dict[str, Any] = {
 
 # pyinfer's own constructor keywords, beyond llama-cpp-python's.
 PYINFER_KWARGS = frozenset({"precision", "kv_dtype"})
+
+# llama-cpp-python's sampling defaults, part of its API and kept as they are here, apart
+# from llama.cpp's (SamplingParams' own): create_chat_completion's temperature is lower, and
+# either set may move on its own. last_n_tokens_size defaults to repeat_last_n.
+COMPLETION_DEFAULTS = SamplingParams(
+    temperature=0.8,
+    top_k=40,
+    top_p=0.95,
+    min_p=0.05,
+    repeat_penalty=1.0,
+    presence_penalty=0.0,
+    frequency_penalty=0.0,
+    repeat_last_n=64,
+)
+CHAT_DEFAULTS = dataclasses.replace(COMPLETION_DEFAULTS, temperature=0.2)
 
 # A plain ChatML template, for chat_format="chatml".
 CHATML_TEMPLATE = (
@@ -257,7 +272,7 @@ class Llama:
         logits_all: bool = False,
         verbose: bool = True,
         chat_format: str | None = None,
-        last_n_tokens_size: int = 64,
+        last_n_tokens_size: int = COMPLETION_DEFAULTS.repeat_last_n,
         **kwargs: Any,
     ) -> None:
         """Load `model_path` (a GGUF file; None: pyinfer's default model).
@@ -500,9 +515,7 @@ class Llama:
     @staticmethod
     def logits_to_logprobs(logits: Any, axis: int = -1) -> np.ndarray:
         """log-softmax along axis, in float32 like llama-cpp-python."""
-        x = np.asarray(logits, dtype=np.float32)
-        m = np.max(x, axis=axis, keepdims=True)
-        return x - m - np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True))
+        return log_softmax(logits, axis)
 
     def close(self) -> None:
         """End an open stream and empty the context."""
@@ -510,7 +523,7 @@ class Llama:
         self._context.reset()
         self.n_tokens = 0
 
-    def __enter__(self) -> Llama:  # noqa: PYI034
+    def __enter__(self) -> Llama:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -539,40 +552,6 @@ class Llama:
             f"prompt must be a str or a list of token ids, not {type(prompt).__name__}"
         )
 
-    def _logprobs_dict(
-        self, ids: list[int], lps: list[TokenLogprob | None], offset: int
-    ) -> dict[str, Any]:
-        """OpenAI's completion logprobs for tokens whose text starts at character `offset`;
-        an entry of None in lps gives null values (the first echoed prompt token)."""
-        tokens: list[str] = []
-        offsets: list[int] = []
-        token_lps: list[float | None] = []
-        top: list[dict[str, float] | None] = []
-        done = b""
-        for tok, lp in zip(ids, lps):
-            offsets.append(offset + len(done.decode("utf-8", errors="ignore")))
-            piece = self._tokenizer.detokenize([tok], special=False)
-            done += piece
-            text = piece.decode("utf-8", errors="ignore")
-            tokens.append(text)
-            if lp is None:
-                token_lps.append(None)
-                top.append(None)
-                continue
-            token_lps.append(lp.logprob)
-            alts = {
-                self._tokenizer.detokenize([i], special=False).decode("utf-8", errors="ignore"): v
-                for i, v in lp.top
-            }
-            alts[text] = lp.logprob
-            top.append(alts)
-        return {
-            "tokens": tokens,
-            "text_offset": offsets,
-            "token_logprobs": token_lps,
-            "top_logprobs": top,
-        }
-
     def _prompt_logprobs(self, ids: list[int], n_top: int) -> list[TokenLogprob | None]:
         """Each prompt token's log-probability given the tokens before it, from the rows the
         prompt left in scores; the first has none."""
@@ -597,17 +576,17 @@ class Llama:
         prompt: str | list[int],
         suffix: str | None = None,
         max_tokens: int | None = 16,
-        temperature: float = 0.8,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
+        temperature: float = COMPLETION_DEFAULTS.temperature,
+        top_p: float = COMPLETION_DEFAULTS.top_p,
+        min_p: float = COMPLETION_DEFAULTS.min_p,
         typical_p: float = 1.0,
         logprobs: int | None = None,
         echo: bool = False,
         stop: StopArg = [],  # noqa: B006  (llama-cpp-python's default; never mutated)
-        frequency_penalty: float = 0.0,
-        presence_penalty: float = 0.0,
-        repeat_penalty: float = 1.0,
-        top_k: int = 40,
+        frequency_penalty: float = COMPLETION_DEFAULTS.frequency_penalty,
+        presence_penalty: float = COMPLETION_DEFAULTS.presence_penalty,
+        repeat_penalty: float = COMPLETION_DEFAULTS.repeat_penalty,
+        top_k: int = COMPLETION_DEFAULTS.top_k,
         stream: bool = False,
         seed: int | None = None,
         tfs_z: float = 1.0,
@@ -619,7 +598,7 @@ class Llama:
         logits_processor: Any = None,
         grammar: Any = None,
         logit_bias: dict[int, float] | None = None,
-    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+    ) -> openai_types.TextCompletion | Iterator[openai_types.TextCompletion]:
         """Continue `prompt` (text, or token ids): an OpenAI "text_completion" dict, or with
         stream=True an iterator of chunks whose last one has text "" and the finish_reason.
 
@@ -721,14 +700,10 @@ class Llama:
             n_batch=self.n_batch,
         )
 
-        def shape(text: str, lp: dict[str, Any] | None, finish: str | None) -> dict[str, Any]:
-            return {
-                "id": cid,
-                "object": "text_completion",
-                "created": created,
-                "model": name,
-                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}],
-            }
+        def shape(
+            text: str, lp: openai_types.CompletionLogprobs | None, finish: str | None
+        ) -> openai_types.TextCompletion:
+            return openai_types.text_completion(cid, created, name, text, lp, finish)
 
         if stream:
             it = self._stream_completion(
@@ -746,25 +721,25 @@ class Llama:
             out_ids += last.token_ids
             out_lps += last.logprobs or []
         text = "".join(text_parts)
-        lp_dict = None
+        lp_dict: openai_types.CompletionLogprobs | None = None
         if logprobs is not None:
             if echo:
                 # the prefill has left every prompt row in scores
                 echoed, echoed_lps = self._echo_logprobs(ids, logprobs)
-                lp_dict = self._logprobs_dict(echoed + out_ids, echoed_lps + out_lps, 0)
+                lp_dict = openai_types.completion_logprobs(
+                    self._tokenizer, echoed + out_ids, echoed_lps + out_lps, 0
+                )
             else:
-                lp_dict = self._logprobs_dict(out_ids, out_lps, len(prompt_text))
+                lp_dict = openai_types.completion_logprobs(
+                    self._tokenizer, out_ids, out_lps, len(prompt_text)
+                )
         if echo:
             text = prompt_text + text
         if suffix is not None:
             text += suffix
         self._report(last)
         result = shape(text, lp_dict, "stop" if last.finish_reason == "stop" else "length")
-        result["usage"] = {
-            "prompt_tokens": len(ids),
-            "completion_tokens": len(out_ids),
-            "total_tokens": len(ids) + len(out_ids),
-        }
+        result["usage"] = openai_types.usage(len(ids), len(out_ids))
         return result
 
     def _stream_completion(
@@ -775,8 +750,10 @@ class Llama:
         echo: bool,
         suffix: str | None,
         logprobs: int | None,
-        shape: Callable[[str, dict[str, Any] | None, str | None], dict[str, Any]],
-    ) -> Iterator[dict[str, Any]]:
+        shape: Callable[
+            [str, openai_types.CompletionLogprobs | None, str | None], openai_types.TextCompletion
+        ],
+    ) -> Iterator[openai_types.TextCompletion]:
         """The stream of create_completion: a chunk per piece of text generate() emits, the
         prompt first with echo, the suffix last, then an empty chunk with the finish_reason."""
         offset = len(prompt_text)
@@ -786,12 +763,17 @@ class Llama:
                 if i == 0 and echo:
                     lp = None
                     if logprobs is not None:  # the prefill has run: the prompt rows are in
-                        lp = self._logprobs_dict(*self._echo_logprobs(ids, logprobs), 0)
+                        echoed, echoed_lps = self._echo_logprobs(ids, logprobs)
+                        lp = openai_types.completion_logprobs(
+                            self._tokenizer, echoed, echoed_lps, 0
+                        )
                     yield shape(prompt_text, lp, None)
                 if ch.text:
                     lp = None
                     if logprobs is not None:
-                        lp = self._logprobs_dict(ch.token_ids, list(ch.logprobs or []), offset)
+                        lp = openai_types.completion_logprobs(
+                            self._tokenizer, ch.token_ids, list(ch.logprobs or []), offset
+                        )
                     offset += len(ch.text)
                     yield shape(ch.text, lp, None)
                 if ch.finish_reason is not None:
@@ -833,19 +815,19 @@ class Llama:
         function_call: Any = None,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: Any = None,
-        temperature: float = 0.2,
-        top_p: float = 0.95,
-        top_k: int = 40,
-        min_p: float = 0.05,
+        temperature: float = CHAT_DEFAULTS.temperature,
+        top_p: float = CHAT_DEFAULTS.top_p,
+        top_k: int = CHAT_DEFAULTS.top_k,
+        min_p: float = CHAT_DEFAULTS.min_p,
         typical_p: float = 1.0,
         stream: bool = False,
         stop: StopArg = [],  # noqa: B006
         seed: int | None = None,
         response_format: dict[str, Any] | None = None,
         max_tokens: int | None = None,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        repeat_penalty: float = 1.0,
+        presence_penalty: float = CHAT_DEFAULTS.presence_penalty,
+        frequency_penalty: float = CHAT_DEFAULTS.frequency_penalty,
+        repeat_penalty: float = CHAT_DEFAULTS.repeat_penalty,
         tfs_z: float = 1.0,
         mirostat_mode: int = 0,
         mirostat_tau: float = 5.0,
@@ -856,7 +838,7 @@ class Llama:
         logit_bias: dict[int, float] | None = None,
         logprobs: bool | None = None,
         top_logprobs: int | None = None,
-    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+    ) -> openai_types.ChatCompletion | Iterator[openai_types.ChatCompletionChunk]:
         """Reply to `messages` with the model's chat template: an OpenAI "chat.completion"
         dict, or with stream=True "chat.completion.chunk" dicts (a first delta with the
         role, then the content, then an empty delta with the finish_reason).
@@ -921,79 +903,8 @@ class Llama:
         )
         if not stream:
             assert isinstance(result, dict)
-            choice = result["choices"][0]
-            return {
-                "id": "chat" + result["id"],
-                "object": "chat.completion",
-                "created": result["created"],
-                "model": result["model"],
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": choice["text"]},
-                        "logprobs": _chat_logprobs(choice["logprobs"]),
-                        "finish_reason": choice["finish_reason"],
-                    }
-                ],
-                "usage": result["usage"],
-            }
-        it = _chat_chunks(result)  # type: ignore[arg-type]
+            return openai_types.chat_completion(result)
+        assert not isinstance(result, dict)
+        it = openai_types.chat_chunks(result)
         self._stream = it
         return it
-
-
-def _chat_logprobs(lp: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Completion logprobs in the chat shape ({"content": [...], "refusal": None})."""
-    if lp is None:
-        return None
-    content = [
-        {
-            "token": tok,
-            "bytes": None,
-            "logprob": value,
-            "top_logprobs": [
-                {"token": t, "logprob": v, "bytes": None} for t, v in (top or {}).items()
-            ],
-        }
-        for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])
-    ]
-    return {"content": content, "refusal": None}
-
-
-def _chat_chunks(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Text-completion chunks as chat.completion.chunk dicts."""
-    try:
-        for i, ch in enumerate(chunks):
-            head = {
-                "id": "chat" + ch["id"],
-                "model": ch["model"],
-                "created": ch["created"],
-                "object": "chat.completion.chunk",
-            }
-            c = ch["choices"][0]
-            if i == 0:
-                yield {
-                    **head,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "delta": {"role": "assistant"},
-                            "logprobs": None,
-                            "finish_reason": None,
-                        }
-                    ],
-                }
-            delta = {"content": c["text"]} if c["finish_reason"] is None else {}
-            yield {
-                **head,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": delta,
-                        "logprobs": _chat_logprobs(c["logprobs"]),
-                        "finish_reason": c["finish_reason"],
-                    }
-                ],
-            }
-    finally:
-        chunks.close()  # type: ignore[attr-defined]

@@ -8,19 +8,20 @@ import math
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from time import perf_counter
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
 from pyinfer import _C
 from pyinfer.arch import Config, describe
 from pyinfer.chat import ChatTemplate
-from pyinfer.generate import CancelToken, Completion, CompletionChunk, generate
 from pyinfer.gguf import GGUFReader
-from pyinfer.models import ModelArg, resolve_model
-from pyinfer.sampling import SamplingParams
+from pyinfer.registry import ModelArg, resolve_model
+from pyinfer.sampling import logsumexp
 from pyinfer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from pyinfer.request import Completion, CompletionChunk
 
 PRECISIONS = ("fast", "exact")
 KV_DTYPES = ("float32", "float16")
@@ -29,7 +30,7 @@ KV_DTYPES = ("float32", "float16")
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _check_positive_int(name: str, value: object) -> int:
@@ -139,13 +140,9 @@ class Model:
             t = reader.tensors[name]
             tensors[name] = (reader.tensor(name), int(t.type), t.n_elements // t.shape[0], t.shape[0])
         self._native = _C.Model(self.config.architecture, self.config.params(), tensors, bool(repack))
-        self._tokenizer: Tokenizer | None = None
         self._chat_template: ChatTemplate | None = None
-        # Contexts of n_ctx kept for generate(): allocating a KV cache per request would
-        # cost more than a short prompt's prefill.
-        self._idle: list[Context] = []
-        self._idle_lock = threading.Lock()
-        # Scratch of decode_batch, grown to the largest batch seen; one step at a time.
+        # Compute scratch of decode_batch (activations for n_seq rows, no sequence state),
+        # grown to the largest batch seen; one step at a time.
         self._batch: Any = None
         self._batch_lock = threading.Lock()
 
@@ -246,10 +243,9 @@ class Model:
             if len(chunk) < 2:
                 break
             ctx.reset()
-            lg = ctx.eval(chunk, all_logits=True)[:-1].astype(np.float64)
-            mx = lg.max(axis=1, keepdims=True)
-            lse = (mx[:, 0] + np.log(np.exp(lg - mx).sum(axis=1)))
-            nll += float((lse - lg[np.arange(len(chunk) - 1), chunk[1:]]).sum())
+            lg = ctx.eval(chunk, all_logits=True)[:-1]
+            picked = lg[np.arange(len(chunk) - 1), chunk[1:]].astype(np.float64)
+            nll += float((logsumexp(lg) - picked).sum())
             count += len(chunk) - 1
         return math.exp(nll / count)
 
@@ -262,96 +258,30 @@ class Model:
             self._chat_template = ChatTemplate.from_metadata(self.reader.metadata)
         return self._chat_template
 
-    def _acquire(self) -> Context:
-        with self._idle_lock:
-            ctx = self._idle.pop() if self._idle else None
-        if ctx is None:
-            ctx = self.context()
-        ctx.reset()
-        return ctx
-
-    def _release(self, ctx: Context) -> None:
-        ctx.reset()
-        with self._idle_lock:
-            self._idle.append(ctx)
-
+    @overload
+    def generate(self, prompt: str | Sequence[int], *, stream: Literal[False] = False, **kwargs: Any) -> Completion: ...
+    @overload
     def generate(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        max_tokens: int | None = 256,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
-        presence_penalty: float = 0.0,
-        frequency_penalty: float = 0.0,
-        repeat_last_n: int = 64,
-        logit_bias: Mapping[int, float] | None = None,
-        seed: int | None = None,
-        stop: str | Sequence[str] | None = None,
-        logprobs: int | None = None,
-        stream: bool = False,
-        add_bos: bool | None = None,
-        special: bool = False,
-        truncate: str | None = None,
-        cancel: CancelToken | None = None,
-        started: float | None = None,
-    ) -> Completion | Iterator[CompletionChunk]:
-        """Continue a prompt (text, or token ids) in a fresh sequence.
+        self, prompt: str | Sequence[int], *, stream: Literal[True], **kwargs: Any
+    ) -> Iterator[CompletionChunk]: ...
+    def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
+        """Continue a prompt (text, or token ids) in a fresh sequence; keywords and defaults:
+        pyinfer.generate.model_generate (the sampling ones are SamplingParams', llama.cpp's)."""
+        from pyinfer.generate import model_generate  # the driver imports the model, not back
 
-        Sampling defaults are llama.cpp's; temperature=0 is greedy. max_tokens=None runs
-        until an end-of-turn token or a full context (finish_reason "length"). stop: strings
-        that end the text (not returned). stream=True returns an iterator of chunks whose
-        text ends only at whole characters; closing it stops generation. special: parse
-        control-token texts in a text prompt (and print them in the output). A prompt
-        longer than n_ctx raises ContextOverflowError unless truncate="left". started: when
-        the request arrived (time.perf_counter()), so timings count the wait before this call.
-        """
-        if started is None:
-            started = perf_counter()
-        if isinstance(prompt, str):
-            ids = self.tokenize(prompt, add_bos=add_bos, special=special)
-        elif isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, (bytes, bytearray)):
-            ids = list(prompt)
-        else:
-            raise ValueError(f"prompt must be a str or a sequence of token ids, not {type(prompt).__name__}")
-        params = SamplingParams(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-            repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty, repeat_last_n=repeat_last_n,
-            logit_bias=logit_bias or {}, seed=seed, logprobs=logprobs,
-        )
-        return self._generate(ids, params, max_tokens=max_tokens, stop=stop, stream=stream,
-                              special=special, truncate=truncate, cancel=cancel, started=started,
-                              tokenize_s=perf_counter() - started)
+        return model_generate(self, prompt, **kwargs)
 
+    @overload
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], *, stream: Literal[False] = False, **kwargs: Any
+    ) -> Completion: ...
+    @overload
+    def chat(
+        self, messages: Sequence[Mapping[str, Any]], *, stream: Literal[True], **kwargs: Any
+    ) -> Iterator[CompletionChunk]: ...
     def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> Completion | Iterator[CompletionChunk]:
         """Reply to a conversation: messages ({"role": ..., "content": ...}) rendered with the
         model's chat template and an assistant header; the same keywords as generate()."""
-        started = kwargs.pop("started", None) or perf_counter()
-        ids = self.chat_template.encode(self.tokenizer, messages, add_generation_prompt=True)
-        # Rendering and tokenizing the conversation count as the request's tokenize time.
-        return self.generate(ids, started=started, **kwargs)
+        from pyinfer.generate import model_chat
 
-    def _generate(self, ids: list[int], params: SamplingParams, *, stream: bool, **kwargs: Any
-                  ) -> Completion | Iterator[CompletionChunk]:
-        ctx = self._acquire()
-        try:
-            result = generate(ctx, self.tokenizer, ids, params, stream=stream, n_batch=ctx.n_batch, **kwargs)
-        except BaseException:
-            self._release(ctx)
-            raise
-        if not stream:
-            self._release(ctx)
-            return result
-
-        def chunks() -> Iterator[CompletionChunk]:
-            try:
-                yield from result
-            finally:
-                result.close()
-                self._release(ctx)
-
-        return chunks()
+        return model_chat(self, messages, **kwargs)

@@ -73,7 +73,7 @@ def quantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], typ
 def derived_path(src: str | os.PathLike[str], type_name: str) -> Path:
     """Where the cache keeps `src` converted to `type_name`: keyed by the source's name, size
     and modification time, so an edited source is converted again."""
-    from pyinfer.models import cache_dir
+    from pyinfer.registry import cache_dir
 
     src = Path(src).resolve()
     st = src.stat()

@@ -58,7 +58,9 @@ def _integer(name: str, value: Any) -> int:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick each token. Defaults are llama.cpp's (and llama-cpp-python's).
+    """How to pick each token. The defaults are llama.cpp's, written here only (Model.generate,
+    generate() and the command line take theirs from here; pyinfer.Llama keeps
+    llama-cpp-python's own set).
 
     temperature: >= 0; 0 is greedy (argmax). top_k: >= 0; 0 keeps the whole vocabulary.
     top_p: in [0, 1]; 1 is off, 0 keeps only the most likely token. min_p: in [0, 1]; 0 is
@@ -157,6 +159,10 @@ class SamplingParams:
         )
 
 
+# llama.cpp's defaults, for the signatures and options that show them.
+DEFAULT_PARAMS = SamplingParams()
+
+
 # ---- results
 
 
@@ -167,6 +173,34 @@ class TokenLogprob:
     token: int
     logprob: float
     top: tuple[tuple[int, float], ...] = ()  # (id, logprob), most likely first
+
+
+# ---- log-probabilities
+
+
+def _logsumexp_row(x: np.ndarray, m: float, scratch: np.ndarray) -> float:
+    """log(sum(exp(x))) of a float32 row whose maximum is m, summed in float64 in one
+    vectorized pass (scratch: a float32 buffer at least as long as x)."""
+    return m + math.log(_sampling.exp_sum(x, m, 1.0, scratch))
+
+
+def logsumexp(x: Any) -> np.ndarray:
+    """log(sum(exp(x))) over the last axis of float32 logits, summed in float64: a float64
+    array of x.shape[:-1]."""
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    if a.ndim == 0 or a.shape[-1] == 0:
+        raise ValueError(f"logsumexp needs a non-empty last axis, got shape {a.shape}")
+    rows = a.reshape(-1, a.shape[-1])
+    scratch = np.empty(a.shape[-1], np.float32)
+    out = np.array([_logsumexp_row(r, float(r.max()), scratch) for r in rows])
+    return out.reshape(a.shape[:-1])
+
+
+def log_softmax(x: Any, axis: int = -1) -> np.ndarray:
+    """Log-probabilities of logits along `axis`, as float32 (llama-cpp-python's dtype)."""
+    a = np.moveaxis(np.asarray(x, dtype=np.float32), axis, -1)
+    lse = logsumexp(a).astype(np.float32)
+    return np.moveaxis(a - lse[..., None], -1, axis)
 
 
 # ---- the sampler
@@ -298,8 +332,7 @@ class Sampler:
             raise ValueError(f"token id {token} is out of range for a vocabulary of {self.n_vocab}")
         if n_top is None:
             n_top = self.params.logprobs or 0
-        m = float(x[self._best(x)])
-        lse = m + math.log(_sampling.exp_sum(x, m, 1.0, self._scratch))
+        lse = _logsumexp_row(x, float(x[self._best(x)]), self._scratch)
         top: tuple[tuple[int, float], ...] = ()
         if n_top > 0:
             c = _sampling.top_ids(x, n_top, self._idx)

@@ -48,7 +48,7 @@ END_OF_TURN_TEXTS = frozenset(
         "<end_of_utterance>",
         "<EOT>",
         "_<EOT>",
-        "<｜end▁of▁sentence｜>",
+        "<｜end▁of▁sentence｜>",  # noqa: RUF001 (DeepSeek's token is spelled with fullwidth bars)
     }
 )
 
@@ -278,7 +278,7 @@ class Tokenizer:
     def load(cls, model: Any = None) -> Tokenizer:
         """The tokenizer of a GGUF file: a path, a known model name, or None (the default)."""
         from pyinfer.gguf import GGUFReader
-        from pyinfer.models import resolve_model
+        from pyinfer.registry import resolve_model
 
         with GGUFReader(resolve_model(model)) as reader:
             return cls(reader.metadata)
@@ -305,7 +305,7 @@ class Tokenizer:
         encode = self._bpe.encode
         if specials:
             for piece in _partition(text, specials):
-                if type(piece) is int:
+                if isinstance(piece, int):
                     out.append(piece)
                 else:
                     encode(piece, out)
@@ -366,10 +366,10 @@ def _partition(text: str, specials: list[tuple[str, int]]) -> list[str | int]:
             continue
         new: list[str | int] = []
         for f in frags:
-            if type(f) is int or tok_text not in f:
+            if isinstance(f, int) or tok_text not in f:
                 new.append(f)
                 continue
-            for j, part in enumerate(f.split(tok_text)):  # type: ignore[union-attr]
+            for j, part in enumerate(f.split(tok_text)):
                 if j:
                     new.append(tok_id)
                 if part:

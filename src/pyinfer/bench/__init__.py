@@ -13,7 +13,7 @@ from pyinfer.bench.common import Settings, environment, write_study
 from pyinfer.bench.plots import PLOTS
 from pyinfer.bench.studies import STUDIES
 from pyinfer.model import default_threads
-from pyinfer.models import ModelArg, resolve_model
+from pyinfer.registry import ModelArg, resolve_model
 
 # The order studies run in when none is named: the ceiling first, so everything after it
 # can be read against it.

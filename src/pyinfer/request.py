@@ -1,0 +1,475 @@
+"""One request's state, stepped from outside: its sampler, token history, stop-string buffer,
+UTF-8 stream decoder, timings, cancellation and finish reason.
+
+A Request never calls the model. Whoever owns the model (the single-sequence driver in
+`generate`, later a scheduler serving many requests) evaluates `prefill_ids()`, hands the
+last logits row to `step()`, evaluates the token it returns, and so on until a step says
+the request has finished:
+
+    req = Request(tokenizer, prompt_ids, params, n_ctx=ctx.n_ctx, max_tokens=64)
+    logits = ctx.eval(req.prefill_ids())
+    while True:
+        r = req.step(logits)
+        if r.chunk is not None:
+            emit(r.chunk)
+        if r.finished:
+            break
+        logits = ctx.eval([r.token])
+
+Every argument is checked when the Request is made, so nothing a caller passed can fail
+later, in the middle of a stream.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Literal
+
+import numpy as np
+
+from pyinfer.errors import ContextOverflowError, ParameterTypeError
+from pyinfer.sampling import Sampler, SamplingParams, TokenLogprob
+from pyinfer.tokenizer import Tokenizer
+
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class CancelToken:
+    """Stops a generation from another thread: `cancel()` takes effect before the next
+    decode step or prefill chunk, and the generation ends with finish_reason "cancelled"."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+
+@dataclass
+class Timings:
+    """Where a request's time went, in seconds (time.perf_counter).
+
+    The clock starts at `started` when the caller passes it (the moment the request
+    arrived), else when the Request was made. ttft_s: from then to the first token
+    sampled. token_intervals_s[0] = ttft_s, then the time between consecutive tokens (a
+    decode step, the sampling, and whatever the consumer of a stream did in between).
+    eval_s and sample_s split the decode time between the model and the sampler; the rest
+    of decode_s is the loop's own overhead.
+    """
+
+    queue_s: float = 0.0  # before the Request was made, less tokenize_s
+    tokenize_s: float = 0.0  # as reported by the caller
+    prefill_s: float = 0.0  # the model over the prompt, as the driver reports it
+    ttft_s: float | None = None  # None when no token was sampled
+    decode_s: float = 0.0  # from the first token sampled to the last
+    eval_s: float = 0.0  # the model during decode, as the driver reports it
+    sample_s: float = 0.0  # the sampler, over all tokens (logprobs included)
+    total_s: float = 0.0
+    prompt_tokens: int = 0  # evaluated in prefill
+    sampled_tokens: int = 0  # an end-of-turn token included
+    token_intervals_s: list[float] = field(default_factory=list)
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first, per second of decode (llama.cpp's eval rate)."""
+        n = self.sampled_tokens - 1
+        return n / self.decode_s if n > 0 and self.decode_s > 0 else 0.0
+
+
+@dataclass
+class CompletionChunk:
+    """A piece of a streamed completion.
+
+    token_ids: the tokens sampled since the previous chunk (text held back, an unfinished
+    character or a possible stop string, may leave a chunk's text short of them). The last
+    chunk carries finish_reason, stop_reason and timings.
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    timings: Timings | None = None
+
+
+@dataclass
+class Completion:
+    """A finished completion.
+
+    token_ids: every token generated, the ones that spelled a stop string included, an
+    end-of-turn token excluded; logprobs (when asked for) match them one to one. text
+    excludes the stop string and anything after it. finish_reason: "stop" (an end-of-turn
+    token or a stop string; stop_reason says which: the token id or the string), "length"
+    (max_tokens, or the context is full), "cancelled". prompt_tokens: evaluated, after
+    truncation; truncated_tokens: dropped from the prompt's start (truncate="left").
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    stop_reason: str | int | None
+    logprobs: list[TokenLogprob] | None
+    prompt_tokens: int
+    truncated_tokens: int
+    timings: Timings
+    seed: int | None  # the sampler's seed (None when greedy): repeats a seed=None run
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one step of a request gives back.
+
+    chunk: text and tokens to pass on now, or None (text held back); the request's last
+    chunk carries its finish reason and timings. token: the token to evaluate before the
+    next step, None once finished. finished: no more steps.
+    """
+
+    chunk: CompletionChunk | None
+    token: int | None
+    finished: bool
+
+
+# ---- argument checks
+
+
+def _prompt_list(prompt_ids: Sequence[int] | np.ndarray, n_vocab: int) -> list[int]:
+    if isinstance(prompt_ids, (str, bytes)):
+        raise ParameterTypeError("prompt_ids must be token ids: tokenize the text first")
+    if isinstance(prompt_ids, np.ndarray):
+        if prompt_ids.ndim != 1 or prompt_ids.dtype.kind not in "iu":
+            raise ParameterTypeError(
+                f"prompt_ids must be a 1-D integer array, got {prompt_ids.dtype} with shape "
+                f"{prompt_ids.shape}"
+            )
+        ids: list[int] = prompt_ids.tolist()
+    else:
+        try:
+            ids = [operator.index(i) for i in prompt_ids if not isinstance(i, bool)]
+        except TypeError as e:
+            raise ParameterTypeError(f"prompt_ids must be a sequence of ints: {e}") from None
+        if len(ids) != len(prompt_ids):
+            raise ParameterTypeError("prompt_ids must be a sequence of ints, not bools")
+    if not ids:
+        raise ValueError("the prompt is empty: at least one token is needed to predict the next")
+    if min(ids) < 0 or max(ids) >= n_vocab:
+        pos, bad = next((p, i) for p, i in enumerate(ids) if not 0 <= i < n_vocab)
+        raise ValueError(
+            f"prompt token {pos} has id {bad}, out of range for a vocabulary of {n_vocab}"
+        )
+    return ids
+
+
+def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        stop = [stop]
+    out = []
+    for s in stop:
+        if not isinstance(s, str):
+            raise ParameterTypeError(f"stop strings must be str, not {type(s).__name__}")
+        if not s:
+            raise ValueError("a stop string is empty: it would stop before the first token")
+        out.append(s)
+    return out
+
+
+def _count(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ParameterTypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _truncate_left(
+    ids: list[int], room: int, max_tokens: int | None, keep_first: bool
+) -> list[int]:
+    """The prompt cut from the left to leave room for max_tokens, but never for more than
+    half of the free context; a leading BOS stays when keep_first."""
+    reserve = room // 2 if max_tokens is None else min(max_tokens, room // 2)
+    keep = max(1, room - reserve)
+    if keep_first and keep > 1:
+        return ids[:1] + ids[len(ids) - keep + 1 :]
+    return ids[len(ids) - keep :]
+
+
+# ---- stop strings
+
+
+def _scan(text: str, stops: list[str], final: bool = False) -> tuple[str, str, str | None]:
+    """Split decoded text into (safe to emit, held back, stop string found).
+
+    When a stop string occurs, the text before its first occurrence is emitted and the rest
+    dropped. Otherwise the longest end of `text` that begins some stop string is held back
+    (unless `final`: no more text will come): text that could still become a stop string
+    is never emitted.
+    """
+    at, hit = -1, None
+    for s in stops:
+        j = text.find(s)
+        if j != -1 and (hit is None or j < at):
+            at, hit = j, s
+    if hit is not None:
+        return text[:at], "", hit
+    if final:
+        return text, "", None
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), hold, -1):
+            if text.endswith(s[:k]):
+                hold = k
+                break
+    return text[: len(text) - hold], text[len(text) - hold :], None
+
+
+# ---- the request
+
+
+class Request:
+    """One generation request: everything but the model.
+
+    tokenizer, prompt_ids: the prompt as token ids, to be evaluated at positions n_past..
+    of a sequence holding n_ctx tokens. params: how to sample (None: SamplingParams()).
+    max_tokens: None = until an end-of-turn token or a full sequence; 0 = prefill only.
+    stop: strings that end the generation; neither they nor anything after them is
+    returned. cancel: a CancelToken another thread may trigger. truncate="left": a prompt
+    longer than the free context loses its oldest tokens instead of raising
+    ContextOverflowError, leaving room for max_tokens (but at most half the free context;
+    None: half) and keeping a leading BOS when the tokenizer adds one. special: include
+    control tokens' text in the output. started, tokenize_s: when the request arrived
+    (perf_counter) and how long tokenizing took, so that timings cover the whole request.
+
+    Raises here, before anything runs: an empty prompt, ids out of range, parameters of
+    the wrong type or range, ContextOverflowError.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: Sequence[int] | np.ndarray,
+        params: SamplingParams | None = None,
+        *,
+        n_ctx: int,
+        n_past: int = 0,
+        max_tokens: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        cancel: CancelToken | None = None,
+        truncate: Literal["left"] | None = None,
+        special: bool = False,
+        started: float | None = None,
+        tokenize_s: float = 0.0,
+    ) -> None:
+        t_call = perf_counter()
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise ParameterTypeError(f"params must be SamplingParams, not {type(params).__name__}")
+        if max_tokens is not None:
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
+                raise ParameterTypeError(
+                    f"max_tokens must be an int or None, not {type(max_tokens).__name__}"
+                )
+            if max_tokens < 0:
+                raise ValueError(f"max_tokens must be >= 0 or None (no limit), got {max_tokens}")
+            max_tokens = int(max_tokens)
+        if truncate not in (None, "left"):
+            raise ValueError(f"truncate must be None or 'left', got {truncate!r}")
+        if cancel is None:
+            cancel = CancelToken()
+        elif not isinstance(cancel, CancelToken):
+            raise ParameterTypeError(f"cancel must be a CancelToken, not {type(cancel).__name__}")
+        n_ctx = _count("n_ctx", n_ctx, 1)
+        n_past = _count("n_past", n_past, 0)
+        if n_past > n_ctx:
+            raise ValueError(f"n_past ({n_past}) exceeds n_ctx ({n_ctx})")
+        self.stops = _stop_list(stop)
+        ids = _prompt_list(prompt_ids, tokenizer.vocab_size)
+
+        room = n_ctx - n_past
+        self.truncated_tokens = 0
+        if len(ids) > room:
+            if truncate != "left" or room < 1:
+                used = f", {n_past} of them already in use" if n_past else ""
+                raise ContextOverflowError(
+                    f"the prompt has {len(ids)} tokens, more than the context holds "
+                    f"(n_ctx = {n_ctx}{used}): shorten it, load the model with a larger n_ctx, "
+                    "or pass truncate='left'",
+                    len(ids),
+                    n_ctx,
+                )
+            keep_bos = bool(tokenizer.add_bos) and ids[0] == tokenizer.bos_id
+            new = _truncate_left(ids, room, max_tokens, keep_bos)
+            self.truncated_tokens = len(ids) - len(new)
+            ids = new
+
+        self.params = params
+        self.sampler = Sampler(params, tokenizer.vocab_size)
+        self.prompt_ids = ids
+        self.max_tokens = max_tokens
+        self.cancel_token = cancel
+        self.n_ctx = n_ctx
+        self.history = list(ids)  # what the repetition penalties look at
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None
+
+        self._t0 = t_call if started is None else started
+        self.timings = Timings(
+            queue_s=max(0.0, t_call - self._t0 - tokenize_s),
+            tokenize_s=tokenize_s,
+            prompt_tokens=len(ids),
+        )
+        self._eot = tokenizer.eot_ids
+        self._decoder = tokenizer.decoder(special=special)
+        self._want_lp = params.logprobs is not None
+        self._pos = n_past + len(ids)  # positions filled once the prefill has run
+        self._held = ""  # decoded text not emitted yet: it could still become a stop string
+        self._ids: list[int] = []  # sampled since the last chunk
+        self._lps: list[TokenLogprob] = []
+        self._n = 0  # tokens sampled
+        self._steps = 0
+        self._t_prev = self._t0
+        self._t_first = self._t_last = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def cancelled(self) -> bool:
+        """The cancel token has been triggered (the request may not have finished yet)."""
+        return self.cancel_token.cancelled
+
+    def prefill_ids(self) -> list[int]:
+        """The prompt tokens to evaluate before the first step (after truncation), at
+        positions n_past..; the driver may evaluate them in chunks."""
+        return list(self.prompt_ids)
+
+    def step(self, logits: np.ndarray, *, eval_s: float = 0.0) -> StepResult:
+        """Sample from `logits`, the row after the last token evaluated (the prompt's last
+        for the first step, then the token the previous step returned), and say what comes
+        next. eval_s: how long the model took to produce these logits (for the first step,
+        the whole prefill), for the timings."""
+        if self.finished:
+            raise RuntimeError(f"the request has finished ({self.finish_reason})")
+        tm = self.timings
+        if self._steps == 0:
+            tm.prefill_s = eval_s
+        else:
+            tm.eval_s += eval_s
+        self._steps += 1
+        if self.max_tokens is not None and self._n >= self.max_tokens:
+            return self._finish("length")
+        if self.cancelled:
+            return self._finish("cancelled")
+
+        sampler = self.sampler
+        ts = perf_counter()
+        tok = sampler.sample(logits, self.history)
+        lp = sampler.logprob(logits, tok) if self._want_lp else None
+        self._t_last = perf_counter()
+        tm.sample_s += self._t_last - ts
+        tm.token_intervals_s.append(self._t_last - self._t_prev)
+        self._t_prev = self._t_last
+        if self._n == 0:
+            self._t_first = self._t_last
+            tm.ttft_s = self._t_last - self._t0
+        self._n += 1
+        if tok in self._eot:
+            return self._finish("stop", tok)
+        self.history.append(tok)
+        self._ids.append(tok)
+        if lp is not None:
+            self._lps.append(lp)
+        emit, self._held, hit = _scan(self._held + self._decoder.feed(tok), self.stops)
+        if hit is not None:
+            # Text after a stop string is dropped: no flush of the held text or the decoder.
+            return self._end(emit, "stop", hit)
+        if self.max_tokens is not None and self._n >= self.max_tokens:
+            return self._finish("length", emit=emit)
+        if self._pos >= self.n_ctx:  # no room to evaluate this token
+            return self._finish("length", emit=emit)
+        if self.cancelled:
+            return self._finish("cancelled", emit=emit)
+        self._pos += 1  # the driver evaluates tok before the next step
+        chunk = None
+        if emit:
+            chunk = self._chunk(emit)
+        return StepResult(chunk, tok, False)
+
+    def abort(self, *, eval_s: float = 0.0) -> StepResult:
+        """Finish now with "cancelled" (the driver saw the cancel token before evaluating
+        what this request gave it). eval_s: model time spent since the last step (a prefill
+        cut short)."""
+        if self.finished:
+            raise RuntimeError(f"the request has finished ({self.finish_reason})")
+        if self._steps == 0:
+            self.timings.prefill_s = eval_s
+        else:
+            self.timings.eval_s += eval_s
+        return self._finish("cancelled")
+
+    def completion(self, chunks: Iterable[CompletionChunk]) -> Completion:
+        """This request's chunks, all of them, folded into one Completion."""
+        text: list[str] = []
+        token_ids: list[int] = []
+        logprobs: list[TokenLogprob] | None = [] if self._want_lp else None
+        last = CompletionChunk("", [])
+        for last in chunks:
+            text.append(last.text)
+            token_ids += last.token_ids
+            if logprobs is not None and last.logprobs:
+                logprobs += last.logprobs
+        if last.finish_reason is None or last.timings is None:
+            raise RuntimeError("the chunks ended before the request finished")
+        return Completion(
+            text="".join(text),
+            token_ids=token_ids,
+            finish_reason=last.finish_reason,
+            stop_reason=last.stop_reason,
+            logprobs=logprobs,
+            prompt_tokens=len(self.prompt_ids),
+            truncated_tokens=self.truncated_tokens,
+            timings=last.timings,
+            seed=None if self.params.greedy else self.sampler.seed,
+        )
+
+    # -- internals
+
+    def _chunk(self, text: str) -> CompletionChunk:
+        c = CompletionChunk(text, self._ids, self._lps if self._want_lp else None)
+        self._ids, self._lps = [], []
+        return c
+
+    def _finish(
+        self, reason: FinishReason, stop_reason: str | int | None = None, *, emit: str = ""
+    ) -> StepResult:
+        # The held text did not become a stop string; an unfinished character ends as U+FFFD.
+        tail, _, hit = _scan(self._held + self._decoder.flush(), self.stops, final=True)
+        self._held = ""
+        if hit is not None:  # only a stop string containing U+FFFD can appear here
+            reason, stop_reason = "stop", hit
+        return self._end(emit + tail, reason, stop_reason)
+
+    def _end(self, text: str, reason: FinishReason, stop_reason: str | int | None) -> StepResult:
+        tm = self.timings
+        tm.sampled_tokens = self._n
+        tm.decode_s = self._t_last - self._t_first
+        tm.total_s = perf_counter() - self._t0
+        self.finish_reason, self.stop_reason = reason, stop_reason
+        chunk = self._chunk(text)
+        chunk.finish_reason, chunk.stop_reason, chunk.timings = reason, stop_reason, tm
+        return StepResult(chunk, None, True)
