@@ -1,6 +1,6 @@
 """Type stub for pyinfer._C, the C++ kernels (tests check it names exactly what the module has)."""
 
-from collections.abc import Sequence
+from collections import abc
 from typing import Any
 
 import numpy as np
@@ -120,7 +120,7 @@ def softmax(
 def embedding(
     table: npt.NDArray[Any],
     type: int,
-    ids: Sequence[int] | npt.NDArray[np.integer[Any]],
+    ids: abc.Sequence[int] | npt.NDArray[np.integer[Any]],
     dim: int,
     out: npt.NDArray[np.float32] | None = None,
 ) -> npt.NDArray[np.float32]:

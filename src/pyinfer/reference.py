@@ -52,7 +52,7 @@ def rope(
     """
     x = np.asarray(x, dtype=np.float64)
     m = x.shape[0]
-    positions = np.arange(pos, pos + m) if np.isscalar(pos) else np.asarray(pos)
+    positions = np.arange(pos, pos + m) if isinstance(pos, (int, np.integer)) else np.asarray(pos)
     theta = rope_angles(positions, head_dim, base, freq_scale, factors)  # [M, head_dim/2]
     c = np.cos(theta)[:, None, :]
     s = np.sin(theta)[:, None, :]
@@ -276,8 +276,8 @@ def forward(model: Any, ids: Sequence[int], dtype: Any = np.float64) -> np.ndarr
     n_head, n_head_kv, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
     eps = cfg.rms_eps
     rope_kw = {"base": cfg.rope_base, "freq_scale": cfg.rope_freq_scale, "factors": w.get("rope_freqs.weight")}
-    ids = np.asarray(ids, dtype=np.int64)
-    m = len(ids)
+    tokens = np.asarray(ids, dtype=np.int64)
+    m = len(tokens)
 
     def lin(x: np.ndarray, name: str) -> np.ndarray:
         return x @ w[name].astype(dtype).T
@@ -285,7 +285,7 @@ def forward(model: Any, ids: Sequence[int], dtype: Any = np.float64) -> np.ndarr
     def norm(x: np.ndarray, name: str) -> np.ndarray:
         return rms_norm(x, w[name], eps).astype(dtype)
 
-    x = w["token_embd.weight"][ids].astype(dtype)  # [M, n_embd]
+    x = w["token_embd.weight"][tokens].astype(dtype)  # [M, n_embd]
     for layer in range(cfg.n_layer):
         p = f"blk.{layer}."
         h = norm(x, p + "attn_norm.weight")

@@ -158,6 +158,6 @@ def get_int(arch: Architecture, md: Mapping[str, Any], suffix: str, default: int
 
 def get_float(arch: Architecture, md: Mapping[str, Any], suffix: str, default: float | None = None) -> float:
     v = get_key(arch, md, suffix, default)
-    if isinstance(v, (bool, str)) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
+    if isinstance(v, (bool, str)) or not (isinstance(v, (int, float)) or hasattr(v, "__float__")):
         raise UnsupportedModelError(f"{arch.key(suffix)} = {_show(v)} is not a number")
     return float(v)
