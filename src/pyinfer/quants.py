@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyinfer.gguf_types import BLOCK_SIZES, GGMLType
+from pyinfer.gguf_types import BLOCK_SIZES, TYPE_TRAITS, GGMLType
 
 _F32 = np.float32
 
@@ -26,6 +26,24 @@ def _blocks(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
     if raw.size % block_bytes:
         raise ValueError(f"{raw.size} bytes is not a whole number of {ggml_type.name} blocks")
     return raw.reshape(-1, block_bytes)
+
+
+def _d(b: np.ndarray, t: GGMLType) -> np.ndarray:
+    """Blocks' fp16 scale d, (n_blocks, 1) float32."""
+    o = TYPE_TRAITS[t].d_offset
+    return _f16(b[:, o:o + 2])
+
+
+def _m(b: np.ndarray, t: GGMLType) -> np.ndarray:
+    """Blocks' fp16 min (or dmin), (n_blocks, 1) float32."""
+    o = TYPE_TRAITS[t].m_offset
+    return _f16(b[:, o:o + 2])
+
+
+def _qs(b: np.ndarray, t: GGMLType) -> np.ndarray:
+    """Blocks' quant bytes (their low bits, where split)."""
+    tr = TYPE_TRAITS[t]
+    return b[:, tr.qs_offset:tr.qs_offset + tr.qs_bytes]
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -44,19 +62,20 @@ def dequantize(raw: np.ndarray, ggml_type: int) -> np.ndarray:
     if t == GGMLType.BF16:
         return (raw.view("<u2").astype(np.uint32) << 16).view(_F32)
     b = _blocks(raw, t)
+    bias = TYPE_TRAITS[t].q_bias
     if t == GGMLType.Q8_0:
-        return (b[:, 2:].view(np.int8).astype(_F32) * _f16(b[:, 0:2])).reshape(-1)
+        return (_qs(b, t).view(np.int8).astype(_F32) * _d(b, t)).reshape(-1)
     if t == GGMLType.Q4_0:
-        q = _nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)
-        return (q.astype(_F32) * _f16(b[:, 0:2])).reshape(-1)
+        q = _nibbles(_qs(b, t)).astype(np.int8) - np.int8(bias)
+        return (q.astype(_F32) * _d(b, t)).reshape(-1)
     if t == GGMLType.Q4_1:
-        q = _nibbles(b[:, 4:]).astype(_F32)
-        return (q * _f16(b[:, 0:2]) + _f16(b[:, 2:4])).reshape(-1)
+        q = _nibbles(_qs(b, t)).astype(_F32)
+        return (q * _d(b, t) + _m(b, t)).reshape(-1)
     if t == GGMLType.Q5_0:
         qh = np.ascontiguousarray(b[:, 2:6]).view("<u4")  # (nb, 1): bit j is element j's fifth bit
         bit = (qh >> np.arange(32, dtype=np.uint32)) & 1
-        q = _nibbles(b[:, 6:]).astype(np.int32) | (bit.astype(np.int32) << 4)
-        return ((q - 16).astype(_F32) * _f16(b[:, 0:2])).reshape(-1)
+        q = _nibbles(_qs(b, t)).astype(np.int32) | (bit.astype(np.int32) << 4)
+        return ((q - bias).astype(_F32) * _d(b, t)).reshape(-1)
     if t == GGMLType.Q4_K:
         return _dequantize_q4_k(b)
     if t == GGMLType.Q6_K:
@@ -80,11 +99,11 @@ def _dequantize_q4_k(b: np.ndarray) -> np.ndarray:
     # Layout: d (f16), dmin (f16), 12 scale bytes, 128 bytes of nibbles. Each run of 32 bytes
     # holds two sub-blocks of 32: low nibbles are sub-block 2c, high nibbles 2c+1.
     nb = b.shape[0]
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    d, dmin = _d(b, GGMLType.Q4_K), _m(b, GGMLType.Q4_K)
     sc, mn = q4_k_scales_mins(b[:, 4:16])
     scale = d * sc.astype(_F32)  # (nb, 8)
     offset = dmin * mn.astype(_F32)
-    qs = b[:, 16:].reshape(nb, 4, 32)
+    qs = _qs(b, GGMLType.Q4_K).reshape(nb, 4, 32)
     q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32).astype(_F32)
     return (scale[:, :, None] * q - offset[:, :, None]).reshape(-1)
 
@@ -97,10 +116,10 @@ def _dequantize_q6_k(b: np.ndarray) -> np.ndarray:
     ql = b[:, 0:128].reshape(nb, 2, 2, 32)  # half, (l or l+32), l
     qh = b[:, 128:192].reshape(nb, 2, 1, 32)
     sc = b[:, 192:208].view(np.int8).reshape(nb, 2, 4, 2).astype(_F32)  # half, k, l // 16
-    d = _f16(b[:, 208:210]).reshape(nb, 1, 1, 1)
+    d = _d(b, GGMLType.Q6_K).reshape(nb, 1, 1, 1)
     low = np.stack([ql[:, :, 0] & 0x0F, ql[:, :, 1] & 0x0F, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], axis=2)
     high = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
-    q = (low | (high << 4)).astype(np.int16) - 32  # (nb, half, k, 32)
+    q = (low | (high << 4)).astype(np.int16) - TYPE_TRAITS[GGMLType.Q6_K].q_bias  # (nb, half, k, 32)
     scale = d * np.repeat(sc, 16, axis=3)  # (nb, half, k, 32)
     return (scale * q.astype(_F32)).reshape(-1)
 
