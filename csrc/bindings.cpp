@@ -60,6 +60,31 @@ py::dict cpu_info() {
   return out;
 }
 
+// The traits table (quant_blocks.h): {type id: {field: value}} for every id pyinfer knows.
+py::dict type_traits_py() {
+  py::dict out;
+  for (uint32_t id = 0; id < GGML_TYPE_SLOTS; ++id) {
+    const TypeTraits& t = type_traits(id);
+    if (t.name == nullptr) continue;
+    py::dict d;
+    d["name"] = t.name;
+    d["block_elems"] = t.block_elems;
+    d["block_bytes"] = t.block_bytes;
+    d["quant_bits"] = t.quant_bits;
+    d["qs_offset"] = t.qs_offset;
+    d["qs_bytes"] = t.qs_bytes;
+    d["d_offset"] = t.d_offset;
+    d["m_offset"] = t.m_offset;
+    d["q_bias"] = t.q_bias;
+    d["n_scales"] = t.n_scales;
+    d["has_min"] = t.has_min;
+    d["qs_signed"] = t.qs_signed;
+    d["is_float"] = t.is_float;
+    out[py::int_(id)] = d;
+  }
+  return out;
+}
+
 // Dequantize a 1-D uint8 array of raw GGUF blocks into a new float32 array of n elements.
 py::array_t<float> dequantize(uint32_t type, py::array_t<uint8_t, py::array::c_style> raw,
                               int64_t n) {
@@ -139,9 +164,9 @@ py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t 
   if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
   const int64_t row_bytes = matmul_row_bytes(w_type, k);
   if (row_bytes < 0)
-    throw py::value_error("matmul takes weight types F32, F16, BF16, Q8_0, Q4_0, Q4_1 with k a "
-                          "positive multiple of 32; got type id " + std::to_string(w_type) +
-                          ", k=" + std::to_string(k));
+    throw py::value_error("matmul takes weight types with a matmul or dequantization kernel, k a "
+                          "positive multiple of 32 and of the type's block size; got type id " +
+                          std::to_string(w_type) + ", k=" + std::to_string(k));
   if (n < 1) throw py::value_error("n must be >= 1");
   const auto c_contig = [](const py::array& a) { return (a.flags() & py::array::c_style) != 0; };
   if (!py::isinstance<py::array_t<float>>(x) || x.ndim() != 2 || !c_contig(x) || x.shape(1) != k)
@@ -598,6 +623,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("get_isa", [] { return std::string(isa_name(kernels().isa)); }, "The active ISA path.");
   m.def("set_isa", [](const std::string& name) { set_isa(parse_isa(name)); }, py::arg("name"),
         "Switch the active ISA path: 'scalar', 'avx2' or 'avx512'.");
+  m.def("type_traits", &type_traits_py,
+        "The per-type traits table of the C++ code: {ggml type id: {field: value}}.");
   m.def("dequantize", &dequantize, py::arg("type"), py::arg("raw"), py::arg("n"),
         "Dequantize n elements of raw GGUF blocks of the given type id to float32.");
   m.def("read_bandwidth", &read_bandwidth, py::arg("n_bytes") = size_t(512) << 20,
@@ -610,8 +637,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("matmul", &matmul_py, py::arg("x"), py::arg("w"), py::arg("w_type"), py::arg("n"),
         py::arg("k"), py::kw_only(), py::arg("mode") = "fast", py::arg("n_threads") = 1,
         py::arg("out") = py::none(), py::arg("packed") = false,
-        "y[M, n] = x[M, k] @ W[n, k]^T for W of a GGUF type id (F32, F16, BF16, Q8_0, Q4_0, Q4_1) "
-        "as stored; mode 'fast' (int8 activations, integer dots) or 'exact' (float32).");
+        "y[M, n] = x[M, k] @ W[n, k]^T for W of a GGUF type id with a matmul or dequantization "
+        "kernel, as stored; mode 'fast' (int8 activations, integer dots, for Q8_0, Q4_0 and Q4_1; "
+        "the exact path for other types) or 'exact' (float32).");
   m.def("repack", &repack_py, py::arg("w"), py::arg("w_type"), py::arg("n"), py::arg("k"),
         "Q8_0/Q4_0/Q4_1 weights of n rows -> the 16-row interleaved layout matmul(packed=True) "
         "takes (n padded to a multiple of 16).");

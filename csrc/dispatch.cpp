@@ -9,21 +9,6 @@
 
 namespace pyinfer {
 
-TypeSize type_size(uint32_t type) {
-  switch (type) {
-    case GGML_F32: return {1, 4};
-    case GGML_F16: return {1, 2};
-    case GGML_BF16: return {1, 2};
-    case GGML_Q4_0: return {QK4_0, sizeof(block_q4_0)};
-    case GGML_Q4_1: return {QK4_1, sizeof(block_q4_1)};
-    case GGML_Q5_0: return {QK5_0, sizeof(block_q5_0)};
-    case GGML_Q8_0: return {QK8_0, sizeof(block_q8_0)};
-    case GGML_Q4_K: return {QK_K, sizeof(block_q4_K)};
-    case GGML_Q6_K: return {QK_K, sizeof(block_q6_K)};
-    default: return {0, 0};
-  }
-}
-
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::scalar: return "scalar";

@@ -39,17 +39,22 @@ int64_t row_chunk(int64_t N, int n_threads, int64_t M, int64_t row_bytes) {
   return c < kRowGrain ? kRowGrain : c;
 }
 
+// " (Q4_K)" after a type id in a message; empty for an id pyinfer does not know.
+std::string type_label(uint32_t type) {
+  const char* name = type_traits(type).name;
+  return name != nullptr ? std::string(" (") + name + ")" : std::string();
+}
+
 }  // namespace
 
 int64_t matmul_row_bytes(uint32_t w_type, int64_t K) {
-  switch (w_type) {
-    case GGML_F32: case GGML_F16: case GGML_BF16:
-    case GGML_Q8_0: case GGML_Q4_0: case GGML_Q4_1: break;
-    default: return -1;
-  }
-  if (K <= 0 || K % 32 != 0) return -1;
-  const TypeSize ts = type_size(w_type);
-  return K / ts.block_elems * ts.block_bytes;
+  // Every ISA's table starts from the scalar one, so the types taken are the same on each.
+  const KernelTable& kt = kernels();
+  if (w_type >= GGML_TYPE_SLOTS || (kt.matmul_exact[w_type] == nullptr && kt.dequant_row[w_type] == nullptr))
+    return -1;
+  const TypeTraits& tt = type_traits(w_type);
+  if (K <= 0 || K % QK8_A != 0 || K % tt.block_elems != 0) return -1;
+  return K / tt.block_elems * tt.block_bytes;
 }
 
 namespace {
@@ -91,10 +96,10 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
             float* y, MatmulMode mode, int n_threads) {
   const int64_t row_bytes = matmul_row_bytes(w_type, K);
   if (row_bytes < 0)
-    throw std::invalid_argument("matmul: weight type id " + std::to_string(w_type) +
+    throw std::invalid_argument("matmul: weight type id " + std::to_string(w_type) + type_label(w_type) +
                                 " with K=" + std::to_string(K) +
-                                " is not supported (types F32, F16, BF16, Q8_0, Q4_0, Q4_1; "
-                                "K a positive multiple of 32)");
+                                " is not supported (a type with a matmul or dequantization kernel; "
+                                "K a positive multiple of 32 and of the type's block size)");
   if (M < 0 || N < 0) throw std::invalid_argument("matmul: negative M or N");
   if (M == 0 || N == 0) return;
   if (n_threads < 1) n_threads = 1;
@@ -142,13 +147,13 @@ namespace {
 
 // Copies one row's block back from its place in a 16-row group-block.
 void group_to_block(uint32_t type, const uint8_t* gb, int r, uint8_t* blk) {
-  std::memcpy(blk, gb + 2 * r, 2);
-  if (type == GGML_Q4_1) std::memcpy(blk + 2, gb + 32 + 2 * r, 2);
-  uint8_t* q = blk + (type == GGML_Q4_1 ? 4 : 2);
-  const int nq = type == GGML_Q8_0 ? 32 : 16;
-  for (int j = 0; j < nq; ++j) {
+  const TypeTraits& tt = type_traits(type);
+  std::memcpy(blk + tt.d_offset, gb + 2 * r, 2);
+  if (tt.has_min) std::memcpy(blk + tt.m_offset, gb + kPackedMins + 2 * r, 2);
+  uint8_t* q = blk + tt.qs_offset;
+  for (int j = 0; j < tt.qs_bytes; ++j) {
     const uint8_t v = gb[packed_quant_byte(type, r, j)];
-    q[j] = type == GGML_Q8_0 ? static_cast<uint8_t>(v ^ 0x80) : v;
+    q[j] = tt.qs_signed ? static_cast<uint8_t>(v ^ 0x80) : v;
   }
 }
 
@@ -163,12 +168,13 @@ void check_packable(uint32_t w_type, int64_t N, int64_t K) {
 
 void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed) {
   check_packable(w_type, N, K);
-  const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / 32;
+  const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / type_traits(w_type).block_elems;
   const int bb = packed_block_bytes(w_type);
   const int qo = packed_quants_offset(w_type);
-  const int q_in = w_type == GGML_Q4_1 ? 4 : 2;       // quants' offset in a stored block
-  const int n_col = w_type == GGML_Q8_0 ? 8 : 4;       // 4-byte quant columns per block
-  const uint32_t flip = w_type == GGML_Q8_0 ? 0x80808080u : 0;  // Q8_0: q + 128 as unsigned
+  const TypeTraits& tt = type_traits(w_type);
+  const int q_in = tt.qs_offset;                        // quants' offset in a stored block
+  const int n_col = tt.qs_bytes / 4;                    // 4-byte quant columns per block
+  const uint32_t flip = tt.qs_signed ? 0x80808080u : 0;  // Q8_0: q + 128 as unsigned
   const int64_t n_groups = (N + kPackRows - 1) / kPackRows;
   auto* out = static_cast<uint8_t*>(packed);
   for (int64_t g = 0; g < n_groups; ++g) {
@@ -183,8 +189,8 @@ void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed
         uint8_t* gb = group + ib * kPackRows * bb;
         const uint8_t* blk = row + ib * bb;
         if (real) {
-          std::memcpy(gb + 2 * r, blk, 2);                                   // d
-          if (w_type == GGML_Q4_1) std::memcpy(gb + 32 + 2 * r, blk + 2, 2);  // m
+          std::memcpy(gb + 2 * r, blk + tt.d_offset, 2);                             // d
+          if (tt.has_min) std::memcpy(gb + kPackedMins + 2 * r, blk + tt.m_offset, 2);  // m
         }
         // Quant bytes 4c..4c+3 of row r go to column c at 4r (packed16.h), whole words.
         for (int c = 0; c < n_col; ++c) {
@@ -200,7 +206,7 @@ void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed
 
 void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w) {
   check_packable(w_type, N, K);
-  const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / 32;
+  const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / type_traits(w_type).block_elems;
   const int bb = packed_block_bytes(w_type);
   for (int64_t n = 0; n < N; ++n) {
     uint8_t* row = static_cast<uint8_t*>(w) + n * row_bytes;

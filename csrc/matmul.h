@@ -6,12 +6,14 @@ namespace pyinfer {
 
 enum class MatmulMode {
   exact,  // float32 activations, weights dequantized on the fly, float32 accumulation
-  fast,   // activations quantized per 32-block to int8, integer dot products (quantized W);
-          // for F32, F16 and BF16 weights the same as exact
+  fast,   // activations quantized per 32-block to int8, integer dot products (Q8_0, Q4_0,
+          // Q4_1 weights); for a type without int8 kernels (F32, F16, BF16, Q5_0, the
+          // K-quants) the same as exact
 };
 
 // Bytes of one weight row of K elements of the type, or -1 if matmul does not take the type
-// (F32, F16, BF16, Q8_0, Q4_0, Q4_1) or K is not a positive multiple of 32.
+// (it takes those with an exact or a dequantization kernel: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+// Q5_0, Q4_K, Q6_K) or K is not a positive multiple of 32 and of the type's block size.
 int64_t matmul_row_bytes(uint32_t w_type, int64_t K);
 
 // x: [M, K] float32, row-major; w: N rows of matmul_row_bytes(w_type, K) bytes (GGUF blocks

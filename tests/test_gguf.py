@@ -13,11 +13,13 @@ import pytest
 
 from pyinfer import quants
 from pyinfer.gguf import BLOCK_SIZES, GGMLType, GGUFReader, GGUFWriter, ValueType
+from pyinfer.gguf_types import TYPE_TRAITS
 
 rng = np.random.default_rng(1234)
 DEQUANT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0,
                  GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q4_K, GGMLType.Q6_K]
-QUANTIZE_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1]
+QUANTIZE_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1,
+                  GGMLType.Q5_0]
 
 
 def random_blocks(t: GGMLType, n_blocks: int) -> np.ndarray:
@@ -27,12 +29,11 @@ def random_blocks(t: GGMLType, n_blocks: int) -> np.ndarray:
     scales = rng.choice(np.array([0.0, 1e-7, -3e-6, 0.01, -0.5, 2.0, 65504.0], np.float16), size=(n_blocks, 2))
     scales = np.where(rng.random((n_blocks, 2)) < 0.5, rng.standard_normal((n_blocks, 2)).astype(np.float16), scales)
     field = scales.astype("<f2").view(np.uint8)
-    if t in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q5_0):
-        raw[:, 0:2] = field[:, 0:2]
-    elif t in (GGMLType.Q4_1, GGMLType.Q4_K):
-        raw[:, 0:4] = field
-    elif t == GGMLType.Q6_K:
-        raw[:, 208:210] = field[:, 0:2]
+    tr = TYPE_TRAITS[t]
+    if tr.block_elems > 1:
+        raw[:, tr.d_offset:tr.d_offset + 2] = field[:, 0:2]
+        if tr.has_min:
+            raw[:, tr.m_offset:tr.m_offset + 2] = field[:, 2:4]
     elif t == GGMLType.F16:
         raw = rng.standard_normal(n_blocks).astype("<f2").view(np.uint8).reshape(n_blocks, 2)
     elif t == GGMLType.F32:
@@ -97,12 +98,14 @@ def test_quantize_error_bounded_and_idempotent(t):
     raw = quants.quantize(x, t)
     y = quants.dequantize(raw, t).reshape(x.shape)
     amax = np.abs(x.reshape(-1, 32)).max(axis=1)
-    # Per-block bound: half a quantization step (Q8_0: amax/127; Q4_1: range/15), except Q4_0,
-    # whose grid is [-8, 7] steps of amax/8: a value at +amax can be a whole step off.
-    # Plus the fp16 rounding of the scale (relative 2^-11 of amax at most, per element).
+    # Per-block bound: half a quantization step (Q8_0: amax/127; Q4_1: range/15), except Q4_0
+    # and Q5_0, whose grids are [-8, 7] steps of amax/8 and [-16, 15] of amax/16: a value at
+    # +amax can be a whole step off. Plus the fp16 rounding of the scale (relative 2^-11 of
+    # amax at most, per element).
     vmax = x.reshape(-1, 32).max(axis=1)
     vmin = x.reshape(-1, 32).min(axis=1)
-    bound = {GGMLType.Q8_0: amax / 127 / 2, GGMLType.Q4_0: amax / 8, GGMLType.Q4_1: (vmax - vmin) / 15 / 2}
+    bound = {GGMLType.Q8_0: amax / 127 / 2, GGMLType.Q4_0: amax / 8, GGMLType.Q4_1: (vmax - vmin) / 15 / 2,
+             GGMLType.Q5_0: amax / 16}
     err = np.abs(y - x).reshape(-1, 32).max(axis=1)
     if t == GGMLType.F32:
         assert np.array_equal(x, y)
@@ -113,6 +116,47 @@ def test_quantize_error_bounded_and_idempotent(t):
         assert np.all(err <= bound[t] + amax * 2.0**-10), (err / amax).max()
     # Values that are already on the grid survive another round exactly.
     assert np.array_equal(quants.quantize(y, t), raw)
+
+
+def k_quant_bound(x: np.ndarray, t: GGMLType) -> np.ndarray:
+    """Per sub-block bound on |dequantize(quantize(x)) - x| of the simple K-quantizers: half a
+    step, plus what rounding the sub-block scales (and mins) to 6 or 8 bits of the super-block's
+    can move the grid's ends, plus the fp16 rounding of d and dmin."""
+    if t == GGMLType.Q4_K:
+        sub = x.reshape(-1, 8, 32).astype(np.float64)
+        lo = np.minimum(sub.min(axis=2), 0)
+        step = (sub.max(axis=2) - lo) / 15
+        d, dmin = step.max(axis=1, keepdims=True) / 63, (-lo).max(axis=1, keepdims=True) / 63
+        # The step moves by d/2 and the min by dmin/2, so the grid's top moves by 15 d/2 + dmin/2.
+        return step / 2 + d / 2 + (15 * d + dmin) / 2 + 2.0**-9 * np.abs(sub).max(axis=(1, 2))[:, None]
+    sub = x.reshape(-1, 16, 16).astype(np.float64)  # Q6_K: grids [-32, 31] steps of |v|max/32
+    step = np.abs(sub).max(axis=2) / 32
+    d = step.max(axis=1, keepdims=True) / 127
+    # +|v|max can be a whole step off (the grid ends at 31), and the step moves by d/2, so
+    # the grid's ends move by 32 d/2.
+    return step + d / 2 + 32 * d / 2 + 2.0**-9 * np.abs(sub).max(axis=(1, 2))[:, None]
+
+
+@pytest.mark.parametrize("t", [GGMLType.Q4_K, GGMLType.Q6_K], ids=lambda t: t.name)
+def test_k_quantizers_are_valid_and_close(t):
+    """The K-quant blocks the writer makes read the same in the gguf package (so they are
+    valid blocks of the type), and hold the values within the quantizer's bound."""
+    x = (rng.standard_normal((6, 512)) * rng.uniform(0.01, 100, (6, 1))).astype(np.float32)
+    x[0, :256] = 0                           # an all-zero super-block
+    x[1] = np.abs(x[1])                      # all positive: no min below zero
+    x[2, :32] *= 1000                        # one loud sub-block beside quiet ones
+    x[3, 256:] = -np.abs(x[3, 256:])         # all negative
+    raw = quants.quantize(x, t)
+    assert raw.size == x.size // 256 * BLOCK_SIZES[t][1]
+    y = quants.dequantize(raw, t).reshape(x.shape)
+    theirs = gguf_ref.quants.dequantize(raw.reshape(x.size // 256, -1), gguf_ref.GGMLQuantizationType(int(t)))
+    np.testing.assert_array_equal(y.reshape(-1), theirs.astype(np.float32).reshape(-1))
+    n_sub = 8 if t == GGMLType.Q4_K else 16
+    err = np.abs(y - x).astype(np.float64).reshape(-1, n_sub, 256 // n_sub).max(axis=2)
+    assert np.all(err <= k_quant_bound(x, t)), (err / k_quant_bound(x, t)).max()
+    assert np.array_equal(y[0, :256], np.zeros(256, np.float32))
+    # Typical error: well under a step (about a third of one on random data).
+    assert np.sqrt(np.mean((y[4:] - x[4:]) ** 2)) < 0.05 * np.abs(x[4:]).max()
 
 
 def test_writer_round_trip_all_value_types(tmp_path):
@@ -210,8 +254,8 @@ def test_writer_rejects_bad_input(tmp_path):
         w.add("k", 2)
     with pytest.raises(ValueError, match="block size"):
         w.add_tensor("t", np.ones(33, np.float32), GGMLType.Q8_0)
-    with pytest.raises(NotImplementedError, match="Q6_K"):
-        w.add_tensor("t", np.ones(256, np.float32), GGMLType.Q6_K)
+    with pytest.raises(NotImplementedError, match="Q5_1"):
+        w.add_tensor("t", np.ones(256, np.float32), GGMLType.Q5_1)
     with pytest.raises(ValueError, match="bytes given"):
         w.add_raw_tensor("t", np.zeros(10, np.uint8), (32,), GGMLType.Q8_0)
     with pytest.raises(ValueError, match="power of two"):

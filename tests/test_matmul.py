@@ -21,9 +21,12 @@ import pytest
 from pyinfer import _C, quants
 from pyinfer import reference as R
 
-F32, F16, Q4_0, Q4_1, Q8_0, BF16 = 0, 1, 2, 3, 8, 30
+F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 8, 12, 14, 30
 TYPES = {"f32": F32, "f16": F16, "bf16": BF16, "q8_0": Q8_0, "q4_0": Q4_0, "q4_1": Q4_1}
 QUANT = {Q8_0, Q4_0, Q4_1}
+# Types taken through their dequantization kernels alone (no int8 kernel: fast is exact),
+# with the K of each test (multiples of their block).
+DEQUANT = {"q5_0": (Q5_0, [96, 576]), "q4_k": (Q4_K, [256, 1536]), "q6_k": (Q6_K, [256, 1536])}
 EPS = float(np.finfo(np.float32).eps)
 
 KS = [32, 96, 576, 1536]
@@ -101,6 +104,22 @@ def test_matmul_against_reference(isa, tname, mode, k, n):
                 # mean square error stays within 2x its expectation.
                 mse = np.mean((y.astype(np.float64) - exact[:m]) ** 2)
                 assert mse <= 2 * np.mean(REF_VAR[w_type, k, n][:m]), (isa, tname, m)
+
+
+@pytest.mark.parametrize("n", [1, 7, 64])
+@pytest.mark.parametrize("tname", list(DEQUANT))
+def test_dequantized_types_against_reference(isa, tname, n):
+    """Rows dequantized a group at a time, then float32 dots: within the exact bound of the
+    float64 product of the dequantized weights; fast mode the same bits (no int8 kernel)."""
+    w_type, ks = DEQUANT[tname]
+    for k in ks:
+        x, raw, _ = problem(w_type, k, n)
+        exact, exact_bound = references(w_type, k, n)[:2]
+        for m in MS:
+            y = _C.matmul(x[:m], raw, w_type, n, k, mode="exact")
+            check_close(y, exact[:m], exact_bound[:m], f"{isa} {tname} exact K={k} M={m}")
+            fast = _C.matmul(x[:m], raw, w_type, n, k, mode="fast", n_threads=3)
+            np.testing.assert_array_equal(fast.view(np.uint32), y.view(np.uint32))
 
 
 def test_quantize_activations_bit_exact(isa):
@@ -220,7 +239,9 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="bytes"):
         _C.matmul(x, w[:2], F32, n, k)
     with pytest.raises(ValueError, match="type"):
-        _C.matmul(x, w, 12, n, k)  # Q4_K: not a matmul type
+        _C.matmul(x, np.zeros(n * k // 32 * 24, np.uint8), 7, n, k)  # Q5_1: no kernel
+    with pytest.raises(ValueError, match="block size"):
+        _C.matmul(x, w, Q4_K, n, k)  # Q4_K rows are whole 256-element blocks
     with pytest.raises(ValueError, match="multiple of 32"):
         _C.matmul(np.zeros((2, 48), np.float32), np.zeros((n, 48), np.float32), F32, n, 48)
     with pytest.raises(ValueError, match="n_threads"):

@@ -12,10 +12,11 @@ import pytest
 
 from pyinfer import _C
 from pyinfer import reference as R
+from pyinfer.gguf_types import TYPE_TRAITS, GGMLType
 from pyinfer.quants import dequantize, quantize
 
 EPS = float(np.finfo(np.float32).eps)  # 2^-23: two units of float32 roundoff
-F32, F16, Q8_0 = 0, 1, 8
+F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 8, 12, 14, 30
 
 # Sizes around the 8- and 16-float vector widths and the default model's widths.
 SIZES = [1, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 576, 1027]
@@ -219,19 +220,19 @@ def test_softmax_masked_and_large(isa: str) -> None:
 # ---- embedding lookup ---------------------------------------------------------------------------
 
 
-def random_q8_0(rng: np.random.Generator, n_rows: int, dim: int) -> np.ndarray:
-    return quantize(rng.standard_normal((n_rows, dim)).astype(np.float32), Q8_0).reshape(n_rows, -1)
+# Every type with a dequantization kernel: the lookup takes each.
+EMBEDDING_TYPES = [F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K]
 
 
-@pytest.mark.parametrize("qtype", [F32, F16, Q8_0])
+@pytest.mark.parametrize("qtype", EMBEDDING_TYPES, ids=lambda t: GGMLType(t).name)
 def test_embedding_exact(isa: str, qtype: int) -> None:
     rng = rng_for(10, qtype)
-    n_rows, dim = 50, 96 if qtype == Q8_0 else 37
-    if qtype == Q8_0:
-        table = random_q8_0(rng, n_rows, dim)
+    block = TYPE_TRAITS[GGMLType(qtype)].block_elems
+    n_rows, dim = 50, 37 if block == 1 else 3 * block
+    if qtype in (F32, F16):  # typed arrays, not only raw bytes
+        table = rng.standard_normal((n_rows, dim)).astype(np.float32 if qtype == F32 else np.float16)
     else:
-        dt = np.float32 if qtype == F32 else np.float16
-        table = rng.standard_normal((n_rows, dim)).astype(dt)
+        table = quantize(rng.standard_normal((n_rows, dim)).astype(np.float32), qtype).reshape(n_rows, -1)
     dense = dequantize(table.reshape(-1).view(np.uint8), qtype).reshape(n_rows, dim)
     ids = np.array([0, 49, 7, 7, 13], np.int64)
     np.testing.assert_array_equal(_C.embedding(table, qtype, ids, dim), R.embedding(dense, ids))
@@ -265,5 +266,9 @@ def test_embedding_errors() -> None:
         _C.embedding(table, F32, [0], 7)
     with pytest.raises(ValueError, match="block size"):
         _C.embedding(np.zeros(34, np.uint8), Q8_0, [0], 31)
+    with pytest.raises(ValueError, match="block size"):  # Q4_K rows are whole 256-blocks
+        _C.embedding(np.zeros(144, np.uint8), Q4_K, [0], 128)
+    with pytest.raises(ValueError, match="kernel"):  # Q5_1: known, but no kernel
+        _C.embedding(np.zeros(24, np.uint8), 7, [0], 32)
     with pytest.raises(ValueError, match="integers"):
         _C.embedding(table, F32, np.array([0.5]), 8)

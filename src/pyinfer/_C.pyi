@@ -15,6 +15,10 @@ def get_isa() -> str:
 def set_isa(name: str) -> None:
     """Switch the active ISA path; RuntimeError if this CPU lacks it, ValueError if unknown."""
 
+def type_traits() -> dict[int, dict[str, Any]]:
+    """The per-type traits table of the C++ code: {ggml type id: {field: value}}
+    (pyinfer.gguf_types.TYPE_TRAITS is its Python mirror)."""
+
 def dequantize(type: int, raw: npt.NDArray[np.uint8], n: int) -> npt.NDArray[np.float32]:
     """Dequantize n elements of raw GGUF blocks of the given type id to float32."""
 
@@ -41,11 +45,14 @@ def matmul(
     out: npt.NDArray[np.float32] | None = None,
     packed: bool = False,
 ) -> npt.NDArray[np.float32]:
-    """y[M, n] = x[M, k] @ W[n, k]^T, W of a GGUF type id (F32, F16, BF16, Q8_0, Q4_0, Q4_1)
-    given as its raw bytes or any C-contiguous array of exactly n rows; no copies, GIL released.
+    """y[M, n] = x[M, k] @ W[n, k]^T, W of a GGUF type id with a matmul or dequantization
+    kernel (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q6_K; k a multiple of 32 and of the
+    type's block size) given as its raw bytes or any C-contiguous array of exactly n rows; no
+    copies, GIL released.
 
-    mode "fast": activations quantized per 32-block to int8, integer dot products (for F32,
-    F16 and BF16 weights the same as "exact"); "exact": float32 activations and accumulation.
+    mode "fast": activations quantized per 32-block to int8, integer dot products for Q8_0,
+    Q4_0 and Q4_1 (for other types the same as "exact": rows dequantized, float32 dots);
+    "exact": float32 activations and accumulation.
     Any n_threads gives the same bits; the pool grows to n_threads if needed. packed=True
     takes W in repack's layout (Q8_0, Q4_0, Q4_1) and gives the same result as unpacked."""
 

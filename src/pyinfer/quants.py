@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyinfer.gguf_types import BLOCK_SIZES, GGMLType
+from pyinfer.gguf_types import BLOCK_SIZES, TYPE_TRAITS, GGMLType
 
 _F32 = np.float32
 
@@ -26,6 +26,24 @@ def _blocks(raw: np.ndarray, ggml_type: GGMLType) -> np.ndarray:
     if raw.size % block_bytes:
         raise ValueError(f"{raw.size} bytes is not a whole number of {ggml_type.name} blocks")
     return raw.reshape(-1, block_bytes)
+
+
+def _d(b: np.ndarray, t: GGMLType) -> np.ndarray:
+    """Blocks' fp16 scale d, (n_blocks, 1) float32."""
+    o = TYPE_TRAITS[t].d_offset
+    return _f16(b[:, o:o + 2])
+
+
+def _m(b: np.ndarray, t: GGMLType) -> np.ndarray:
+    """Blocks' fp16 min (or dmin), (n_blocks, 1) float32."""
+    o = TYPE_TRAITS[t].m_offset
+    return _f16(b[:, o:o + 2])
+
+
+def _qs(b: np.ndarray, t: GGMLType) -> np.ndarray:
+    """Blocks' quant bytes (their low bits, where split)."""
+    tr = TYPE_TRAITS[t]
+    return b[:, tr.qs_offset:tr.qs_offset + tr.qs_bytes]
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -44,19 +62,20 @@ def dequantize(raw: np.ndarray, ggml_type: int) -> np.ndarray:
     if t == GGMLType.BF16:
         return (raw.view("<u2").astype(np.uint32) << 16).view(_F32)
     b = _blocks(raw, t)
+    bias = TYPE_TRAITS[t].q_bias
     if t == GGMLType.Q8_0:
-        return (b[:, 2:].view(np.int8).astype(_F32) * _f16(b[:, 0:2])).reshape(-1)
+        return (_qs(b, t).view(np.int8).astype(_F32) * _d(b, t)).reshape(-1)
     if t == GGMLType.Q4_0:
-        q = _nibbles(b[:, 2:]).astype(np.int8) - np.int8(8)
-        return (q.astype(_F32) * _f16(b[:, 0:2])).reshape(-1)
+        q = _nibbles(_qs(b, t)).astype(np.int8) - np.int8(bias)
+        return (q.astype(_F32) * _d(b, t)).reshape(-1)
     if t == GGMLType.Q4_1:
-        q = _nibbles(b[:, 4:]).astype(_F32)
-        return (q * _f16(b[:, 0:2]) + _f16(b[:, 2:4])).reshape(-1)
+        q = _nibbles(_qs(b, t)).astype(_F32)
+        return (q * _d(b, t) + _m(b, t)).reshape(-1)
     if t == GGMLType.Q5_0:
         qh = np.ascontiguousarray(b[:, 2:6]).view("<u4")  # (nb, 1): bit j is element j's fifth bit
         bit = (qh >> np.arange(32, dtype=np.uint32)) & 1
-        q = _nibbles(b[:, 6:]).astype(np.int32) | (bit.astype(np.int32) << 4)
-        return ((q - 16).astype(_F32) * _f16(b[:, 0:2])).reshape(-1)
+        q = _nibbles(_qs(b, t)).astype(np.int32) | (bit.astype(np.int32) << 4)
+        return ((q - bias).astype(_F32) * _d(b, t)).reshape(-1)
     if t == GGMLType.Q4_K:
         return _dequantize_q4_k(b)
     if t == GGMLType.Q6_K:
@@ -80,11 +99,11 @@ def _dequantize_q4_k(b: np.ndarray) -> np.ndarray:
     # Layout: d (f16), dmin (f16), 12 scale bytes, 128 bytes of nibbles. Each run of 32 bytes
     # holds two sub-blocks of 32: low nibbles are sub-block 2c, high nibbles 2c+1.
     nb = b.shape[0]
-    d, dmin = _f16(b[:, 0:2]), _f16(b[:, 2:4])
+    d, dmin = _d(b, GGMLType.Q4_K), _m(b, GGMLType.Q4_K)
     sc, mn = q4_k_scales_mins(b[:, 4:16])
     scale = d * sc.astype(_F32)  # (nb, 8)
     offset = dmin * mn.astype(_F32)
-    qs = b[:, 16:].reshape(nb, 4, 32)
+    qs = _qs(b, GGMLType.Q4_K).reshape(nb, 4, 32)
     q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32).astype(_F32)
     return (scale[:, :, None] * q - offset[:, :, None]).reshape(-1)
 
@@ -97,10 +116,10 @@ def _dequantize_q6_k(b: np.ndarray) -> np.ndarray:
     ql = b[:, 0:128].reshape(nb, 2, 2, 32)  # half, (l or l+32), l
     qh = b[:, 128:192].reshape(nb, 2, 1, 32)
     sc = b[:, 192:208].view(np.int8).reshape(nb, 2, 4, 2).astype(_F32)  # half, k, l // 16
-    d = _f16(b[:, 208:210]).reshape(nb, 1, 1, 1)
+    d = _d(b, GGMLType.Q6_K).reshape(nb, 1, 1, 1)
     low = np.stack([ql[:, :, 0] & 0x0F, ql[:, :, 1] & 0x0F, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], axis=2)
     high = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
-    q = (low | (high << 4)).astype(np.int16) - 32  # (nb, half, k, 32)
+    q = (low | (high << 4)).astype(np.int16) - TYPE_TRAITS[GGMLType.Q6_K].q_bias  # (nb, half, k, 32)
     scale = d * np.repeat(sc, 16, axis=3)  # (nb, half, k, 32)
     return (scale * q.astype(_F32)).reshape(-1)
 
@@ -164,6 +183,82 @@ def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
         d = (v.max(axis=1, keepdims=True) - vmin) / _F32(15)
         q = np.clip(np.trunc((v - vmin) * _inv(d) + _F32(0.5)), 0, 15).astype(np.uint8)
         return np.concatenate([_f16_bytes(d), _f16_bytes(vmin), _pack_nibbles(q)], axis=1).reshape(-1)
+    if t == GGMLType.Q5_0:
+        return _quantize_q5_0(v)
+    if t == GGMLType.Q4_K:
+        return _quantize_q4_k(v)
+    if t == GGMLType.Q6_K:
+        return _quantize_q6_k(v)
     raise NotImplementedError(
         f"quantizing to {t.name} is not implemented; pass its raw blocks to the writer instead"
     )
+
+
+# The quantizers below are simple, not optimal: each scale comes from its block's range, with
+# no search for the scale that minimises the error. Their blocks are valid, and dequantize()
+# gives back what they hold; they serve tests and model conversion, not the best quality.
+
+
+def _f16_round(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to what an fp16 field will hold."""
+    return x.astype("<f2").astype(_F32)
+
+
+def _quantize_q5_0(v: np.ndarray) -> np.ndarray:
+    # As Q4_0, over [-16, 15]: the value of largest magnitude maps to -16.
+    idx = np.abs(v).argmax(axis=1)
+    vmax = v[np.arange(v.shape[0]), idx].reshape(-1, 1)
+    d = vmax / _F32(-16)
+    q = np.minimum(31, np.trunc(v * _inv(d) + _F32(16.5))).astype(np.uint32)
+    qh = ((q >> 4) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32).astype("<u4")
+    qs = _pack_nibbles((q & 0x0F).astype(np.uint8))
+    return np.concatenate([_f16_bytes(d), qh.reshape(-1, 1).view(np.uint8), qs], axis=1).reshape(-1)
+
+
+def _pack_k_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """8 six-bit scales and mins per block -> Q4_K's 12 bytes (the inverse of q4_k_scales_mins)."""
+    s = np.empty((sc.shape[0], 12), np.uint8)
+    s[:, 0:4] = (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6)
+    s[:, 4:8] = (mn[:, :4] & 63) | ((mn[:, 4:] >> 4) << 6)
+    s[:, 8:12] = (sc[:, 4:] & 0x0F) | ((mn[:, 4:] & 0x0F) << 4)
+    return s
+
+
+def _quantize_q4_k(v: np.ndarray) -> np.ndarray:
+    # 8 sub-blocks of 32, value = (d * sc) * q - dmin * mn: each sub-block's range [lo, hi]
+    # (lo <= 0, so that mn >= 0) in 15 steps.
+    nb = v.shape[0]
+    sub = v.reshape(nb, 8, 32)
+    lo = np.minimum(sub.min(axis=2), 0)
+    step = (sub.max(axis=2) - lo) / _F32(15)
+    d = _f16_round(step.max(axis=1, keepdims=True) / _F32(63))
+    dmin = _f16_round((-lo).max(axis=1, keepdims=True) / _F32(63))
+    sc = np.clip(_round_away(step * _inv(d)), 0, 63).astype(np.uint8)
+    mn = np.clip(_round_away(-lo * _inv(dmin)), 0, 63).astype(np.uint8)
+    scale = d * sc.astype(_F32)
+    offset = dmin * mn.astype(_F32)
+    q = _round_away((sub + offset[:, :, None]) * _inv(scale)[:, :, None])
+    q = np.clip(q, 0, 15).astype(np.uint8).reshape(nb, 4, 2, 32)
+    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(nb, 128)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_k_scales(sc, mn), qs], axis=1).reshape(-1)
+
+
+def _quantize_q6_k(v: np.ndarray) -> np.ndarray:
+    # 16 sub-blocks of 16, value = (d * sc) * (q - 32) with int8 sc: each sub-block's value of
+    # largest magnitude maps to -32, as in Q4_0.
+    nb = v.shape[0]
+    sub = v.reshape(nb, 16, 16)
+    idx = np.abs(sub).argmax(axis=2)
+    step = np.take_along_axis(sub, idx[:, :, None], axis=2)[:, :, 0] / _F32(-32)
+    d = _f16_round(np.abs(step).max(axis=1, keepdims=True) / _F32(127))
+    sc = np.clip(_round_away(step * _inv(d)), -127, 127).astype(np.int8)
+    scale = d * sc.astype(_F32)
+    q = np.clip(_round_away(sub * _inv(scale)[:, :, None]) + 32, 0, 63).astype(np.uint8)
+    # Element l + 32k of half h (l < 32, k < 4): low 4 bits in ql[64h + l + 32 (k & 1)] (low
+    # nibble for k < 2, high for k >= 2), high 2 bits in bits 2k..2k+1 of qh[32h + l].
+    q = q.reshape(nb, 2, 4, 32)
+    low, high = q & 0x0F, q >> 4
+    ql = np.concatenate([low[:, :, 0] | (low[:, :, 2] << 4), low[:, :, 1] | (low[:, :, 3] << 4)], axis=2)
+    qh = high[:, :, 0] | (high[:, :, 1] << 2) | (high[:, :, 2] << 4) | (high[:, :, 3] << 6)
+    return np.concatenate([ql.reshape(nb, 128), qh.reshape(nb, 64), sc.view(np.uint8), _f16_bytes(d)],
+                          axis=1).reshape(-1)

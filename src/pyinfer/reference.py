@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from pyinfer.gguf_types import TYPE_TRAITS, GGMLType
+
 # ---- small ops ------------------------------------------------------------------------------
 
 
@@ -192,24 +194,24 @@ def activation_integers(q: np.ndarray, h: np.ndarray, jo: np.ndarray) -> np.ndar
 
 def _weight_blocks(w_raw: np.ndarray, w_type: int, n: int, k: int):
     """Integer quants [N, K/32, 32] (signed, offset removed), scale and min [N, K/32] float32."""
-    from pyinfer.gguf_types import GGMLType
-
     t = GGMLType(w_type)
+    if t not in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1):
+        raise ValueError(f"fast mode's integer kernels take Q8_0, Q4_0 and Q4_1, not {t.name}")
+    tr = TYPE_TRAITS[t]
     nb = k // _QK
-    bytes_per_block = {GGMLType.Q8_0: 34, GGMLType.Q4_0: 18, GGMLType.Q4_1: 20}[t]
-    b = np.asarray(w_raw).reshape(-1).view(np.uint8).reshape(n, nb, bytes_per_block)
-    d = np.ascontiguousarray(b[:, :, 0:2]).view("<f2")[:, :, 0].astype(np.float32)
-    m = np.zeros_like(d)
-    if t == GGMLType.Q8_0:
-        q = b[:, :, 2:].view(np.int8).astype(np.int64)
+    b = np.asarray(w_raw).reshape(-1).view(np.uint8).reshape(n, nb, tr.block_bytes)
+
+    def f16(o: int) -> np.ndarray:
+        return np.ascontiguousarray(b[:, :, o:o + 2]).view("<f2")[:, :, 0].astype(np.float32)
+
+    d = f16(tr.d_offset)
+    m = f16(tr.m_offset) if tr.has_min else np.zeros_like(d)
+    qs = b[:, :, tr.qs_offset:tr.qs_offset + tr.qs_bytes]
+    if tr.qs_signed:
+        q = qs.view(np.int8).astype(np.int64)
     else:
-        qs = b[:, :, 4:] if t == GGMLType.Q4_1 else b[:, :, 2:]
         q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int64)  # elements 0..15, 16..31
-        if t == GGMLType.Q4_0:
-            q -= 8
-        else:
-            m = np.ascontiguousarray(b[:, :, 2:4]).view("<f2")[:, :, 0].astype(np.float32)
-    return q, d, m
+    return q - tr.q_bias, d, m
 
 
 def matmul_fast_parts(
@@ -231,7 +233,7 @@ def matmul_fast_parts(
     qw, dw, mw = _weight_blocks(w_raw, w_type, n, k)
     qx = activation_integers(qx, hx, jx)  # [M, nb, 32]
     isum = np.einsum("mbj,nbj->mnb", qx, qw)  # [M, N, nb], exact
-    off = 8 if w_type == 2 else 0
+    off = TYPE_TRAITS[GGMLType(w_type)].q_bias
     iabs = np.einsum("mbj,nbj->mnb", np.abs(qx), np.abs(qw) + 2 * off)
     f = (dw[None, :, :] * dx[:, None, :]).astype(np.float64)  # float32 products
     y = (f * isum).sum(axis=2)
@@ -242,8 +244,8 @@ def matmul_fast_parts(
 
 
 def matmul_fast(x: np.ndarray, w_raw: np.ndarray, w_type: int, n: int, k: int) -> np.ndarray:
-    """Fast mode (see matmul_fast_parts); for F32, F16 and BF16 weights the exact mode."""
-    if w_type in (0, 1, 30):
+    """Fast mode (see matmul_fast_parts); for types without int8 kernels the exact mode."""
+    if w_type not in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1):
         return matmul_exact(x, w_raw, w_type, n, k)
     return matmul_fast_parts(x, w_raw, w_type, n, k)[0]
 

@@ -38,12 +38,13 @@ void dequant_q8_0_ref(const void* src, float* dst, int64_t n) {
 }
 
 void dequant_q4_0_ref(const void* src, float* dst, int64_t n) {
+  constexpr int kBias = type_traits(GGML_Q4_0).q_bias;
   const auto* b = static_cast<const block_q4_0*>(src);
   for (int64_t ib = 0; ib < n / QK4_0; ++ib, dst += QK4_0) {
     const float d = fp16_to_f32(b[ib].d);
     for (int j = 0; j < QK4_0 / 2; ++j) {
-      dst[j] = ((b[ib].qs[j] & 0x0f) - 8) * d;
-      dst[j + QK4_0 / 2] = ((b[ib].qs[j] >> 4) - 8) * d;
+      dst[j] = ((b[ib].qs[j] & 0x0f) - kBias) * d;
+      dst[j + QK4_0 / 2] = ((b[ib].qs[j] >> 4) - kBias) * d;
     }
   }
 }
@@ -61,6 +62,7 @@ void dequant_q4_1_ref(const void* src, float* dst, int64_t n) {
 }
 
 void dequant_q5_0_ref(const void* src, float* dst, int64_t n) {
+  constexpr int kBias = type_traits(GGML_Q5_0).q_bias;
   const auto* b = static_cast<const block_q5_0*>(src);
   for (int64_t ib = 0; ib < n / QK5_0; ++ib, dst += QK5_0) {
     const float d = fp16_to_f32(b[ib].d);
@@ -69,8 +71,8 @@ void dequant_q5_0_ref(const void* src, float* dst, int64_t n) {
     for (int j = 0; j < QK5_0 / 2; ++j) {
       const int lo = (b[ib].qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
       const int hi = (b[ib].qs[j] >> 4) | (((qh >> (j + QK5_0 / 2)) & 1) << 4);
-      dst[j] = (lo - 16) * d;
-      dst[j + QK5_0 / 2] = (hi - 16) * d;
+      dst[j] = (lo - kBias) * d;
+      dst[j + QK5_0 / 2] = (hi - kBias) * d;
     }
   }
 }
@@ -100,6 +102,7 @@ void dequant_q4_K_ref(const void* src, float* dst, int64_t n) {
 // from bits 2k..2k+1 of qh[l], and scale number l/16 + 2k of the half's 8.
 // value = (d * scale) * (q - 32).
 void dequant_q6_K_ref(const void* src, float* dst, int64_t n) {
+  constexpr int kBias = type_traits(GGML_Q6_K).q_bias;
   const auto* b = static_cast<const block_q6_K*>(src);
   for (int64_t ib = 0; ib < n / QK_K; ++ib) {
     const float d = fp16_to_f32(b[ib].d);
@@ -109,10 +112,10 @@ void dequant_q6_K_ref(const void* src, float* dst, int64_t n) {
     for (int half = 0; half < 2; ++half, ql += 64, qh += 32, sc += 8, dst += 128) {
       for (int l = 0; l < 32; ++l) {
         const int is = l / 16;
-        const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32;
-        const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        const int q1 = ((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - kBias;
+        const int q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - kBias;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - kBias;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - kBias;
         dst[l] = (d * sc[is + 0]) * q1;
         dst[l + 32] = (d * sc[is + 2]) * q2;
         dst[l + 64] = (d * sc[is + 4]) * q3;

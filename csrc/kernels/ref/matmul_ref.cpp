@@ -81,25 +81,26 @@ PYINFER_EXACT_REF(matmul_bf16_f32_ref, load_bf16)
 // as signed integers (the stored offset removed).
 inline void weight_block(uint32_t type, bool packed, const uint8_t* w, int64_t w_row_bytes, int64_t n, int64_t ib,
                          float* d, float* m, int* q) {
-  const int bb = packed_block_bytes(type);
-  const int off = type == GGML_Q4_0 ? 8 : 0;
+  const TypeTraits& tt = type_traits(type);
+  const int bb = tt.block_bytes;
   if (!packed) {
     const uint8_t* blk = w + n * w_row_bytes + ib * bb;
     *d = fp16_to_f32(load_u16_le(blk));
-    *m = type == GGML_Q4_1 ? fp16_to_f32(load_u16_le(blk + 2)) : 0.0f;
-    for (int j = 0; j < QK8_A; ++j) q[j] = stored_quant(type, blk, j) - off;
+    *m = tt.has_min ? fp16_to_f32(load_u16_le(blk + tt.m_offset)) : 0.0f;
+    for (int j = 0; j < QK8_A; ++j) q[j] = stored_quant(type, blk, j) - tt.q_bias;
     return;
   }
   const uint8_t* gb = w + (n / kPackRows) * kPackRows * w_row_bytes + ib * kPackRows * bb;
   const int r = static_cast<int>(n % kPackRows);
   *d = fp16_to_f32(load_u16_le(gb + 2 * r));
-  *m = type == GGML_Q4_1 ? fp16_to_f32(load_u16_le(gb + 32 + 2 * r)) : 0.0f;
+  *m = tt.has_min ? fp16_to_f32(load_u16_le(gb + kPackedMins + 2 * r)) : 0.0f;
+  const int bias = packed_quant_bias(type);
   for (int j = 0; j < QK8_A; ++j) {
-    if (type == GGML_Q8_0) {
-      q[j] = gb[packed_quant_byte(type, r, j)] - 128;
+    if (tt.qs_signed) {
+      q[j] = gb[packed_quant_byte(type, r, j)] - bias;
     } else {
       const uint8_t b = gb[packed_quant_byte(type, r, j % 16)];
-      q[j] = (j < 16 ? (b & 0x0f) : (b >> 4)) - off;
+      q[j] = (j < 16 ? (b & 0x0f) : (b >> 4)) - bias;
     }
   }
 }
@@ -121,9 +122,9 @@ void matmul_fast_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, in
         int32_t isum = 0;
         for (int j = 0; j < QK8_A; ++j) isum += q[j] * act_at(xb[ib], j);
         acc += (d * xb[ib].d) * static_cast<float>(isum);
-        if (T == GGML_Q4_1) acc_min += mn * xb[ib].dsum;
+        if (type_traits(T).has_min) acc_min += mn * xb[ib].dsum;
       }
-      y[m * ldy + n] = T == GGML_Q4_1 ? acc + acc_min : acc;
+      y[m * ldy + n] = type_traits(T).has_min ? acc + acc_min : acc;
     }
   }
 }

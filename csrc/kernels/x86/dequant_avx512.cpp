@@ -77,7 +77,7 @@ void dequant_q8_0_avx512(const void* src, float* dst, int64_t n) {
 
 void dequant_q4_0_avx512(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const block_q4_0*>(src);
-  const __m512i m4 = _mm512_set1_epi32(0x0f), eight = _mm512_set1_epi32(8);
+  const __m512i m4 = _mm512_set1_epi32(0x0f), eight = _mm512_set1_epi32(type_traits(GGML_Q4_0).q_bias);
   for (int64_t ib = 0; ib < n / QK4_0; ++ib, dst += QK4_0) {
     const __m512 d = _mm512_set1_ps(scale_f32(&b[ib].d));
     const __m512i w = _mm512_cvtepu8_epi32(load16(b[ib].qs));
@@ -149,7 +149,7 @@ void dequant_q4_K_avx512(const void* src, float* dst, int64_t n) {
 void dequant_q6_K_avx512(const void* src, float* dst, int64_t n) {
   const auto* b = static_cast<const block_q6_K*>(src);
   const __m512i m4 = _mm512_set1_epi32(0x0f), m30 = _mm512_set1_epi32(0x30);
-  const __m512i bias = _mm512_set1_epi32(32);
+  const __m512i bias = _mm512_set1_epi32(type_traits(GGML_Q6_K).q_bias);
   for (int64_t ib = 0; ib < n / QK_K; ++ib) {
     const float d = scale_f32(&b[ib].d);
     const uint8_t* ql = b[ib].ql;

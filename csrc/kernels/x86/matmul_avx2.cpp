@@ -132,10 +132,6 @@ void matmul_exact_avx2(const void* w, int64_t rb, const float* x, int64_t M, int
 
 // ---- fast mode: integer dot products per block ----------------------------------------------
 
-PYINFER_INLINE int block_bytes(int type) {
-  return type == GGML_Q8_0 ? 34 : type == GGML_Q4_0 ? 18 : 20;
-}
-
 // Exact integer dot product of one weight block with one activation block, as 8 int32
 // partial sums. maddubs multiplies unsigned by signed bytes and saturates pairs to int16:
 // nibbles (0..15) x int8 cannot saturate; Q8_0 takes |w| (<= 128) x sign(w)*a (|.| <= 127),
@@ -150,17 +146,18 @@ PYINFER_INLINE __m256i add_split(int type, __m256i p, const uint8_t* blk, const 
 PYINFER_INLINE __m256i block_dot(int type, const uint8_t* blk, const block_q8a* xb) {
   const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
   const __m256i ones = _mm256_set1_epi16(1);
-  if (type == GGML_Q8_0) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  if (type_traits(type).qs_signed) {
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + type_traits(type).qs_offset));
     return add_split(type, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)), ones), blk, xb);
   }
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (type == GGML_Q4_1 ? 4 : 2)));
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + type_traits(type).qs_offset));
   // Low nibbles are elements 0..15, high nibbles 16..31.
   const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
                                        _mm256_set1_epi8(0x0f));
   __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, a), ones);
   // Q4_0 stores q + 8: subtract 8 * sum(a), exactly, in one lane.
-  if (type == GGML_Q4_0) p = _mm256_add_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * xb->sum)));
+  if (type_traits(type).q_bias != 0)
+    p = _mm256_add_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(-type_traits(type).q_bias * xb->sum)));
   return add_split(type, p, blk, xb);
 }
 
@@ -168,7 +165,7 @@ PYINFER_INLINE __m256i block_dot(int type, const uint8_t* blk, const block_q8a* 
 // over the blocks, then a horizontal sum; Q4_1 adds sum_b m_w * (d_x * sum_x) at the end.
 PYINFER_INLINE void fast_tile(int type, int NR, const uint8_t* w, int64_t rb, const block_q8a* x,
                               int64_t nb, float* y) {
-  const int bb = block_bytes(type);
+  const int bb = type_traits(type).block_bytes;
   __m256 acc[4];
   float acc_min[4];
   for (int r = 0; r < NR; ++r) {
@@ -182,10 +179,10 @@ PYINFER_INLINE void fast_tile(int type, int NR, const uint8_t* w, int64_t rb, co
       const uint8_t* blk = w + r * rb + ib * bb;
       const __m256 p = _mm256_cvtepi32_ps(block_dot(type, blk, xb));
       acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(f16_scale(blk) * xb->d), acc[r]);
-      if (type == GGML_Q4_1) acc_min[r] += f16_scale(blk + 2) * s;
+      if (type_traits(type).has_min) acc_min[r] += f16_scale(blk + type_traits(type).m_offset) * s;
     }
   }
-  for (int r = 0; r < NR; ++r) y[r] = type == GGML_Q4_1 ? hsum8(acc[r]) + acc_min[r] : hsum8(acc[r]);
+  for (int r = 0; r < NR; ++r) y[r] = type_traits(type).has_min ? hsum8(acc[r]) + acc_min[r] : hsum8(acc[r]);
 }
 
 PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
@@ -233,7 +230,7 @@ PYINFER_INLINE __m256i add_split8(int type, __m256i isum, const uint8_t* gb, int
   const int qo = packed_quants_offset(type);
   const __m256i hb = _mm256_set1_epi32(xb->h4);
   __m256i p;
-  if (type == GGML_Q8_0) {
+  if (type_traits(type).qs_signed) {
     const __m256i st = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * (jo / 4) + 32 * half));
     const __m256i q = _mm256_xor_si256(st, _mm256_set1_epi8(static_cast<char>(0x80)));
     p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(hb, q));
@@ -248,7 +245,7 @@ PYINFER_INLINE __m256i add_split8(int type, __m256i isum, const uint8_t* gb, int
 PYINFER_INLINE __m256i packed_dot8(int type, const uint8_t* gb, int h, const block_q8a* xb) {
   const int qo = packed_quants_offset(type);
   const __m256i ones = _mm256_set1_epi16(1);
-  if (type == GGML_Q8_0) {
+  if (type_traits(type).qs_signed) {
     __m256i isum = _mm256_setzero_si256();
     for (int c = 0; c < 8; ++c) {
       const __m256i st = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * c + 32 * h));
@@ -266,7 +263,7 @@ PYINFER_INLINE __m256i packed_dot8(int type, const uint8_t* gb, int h, const blo
     s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), act4(xb, c + 4)));
   }
   __m256i isum = _mm256_madd_epi16(s16, ones);
-  if (type == GGML_Q4_0) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-8 * xb->sum));
+  if (type_traits(type).q_bias != 0) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-type_traits(type).q_bias * xb->sum));
   return add_split8(type, isum, gb, h, xb);
 }
 
@@ -282,12 +279,12 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
     for (int h = 0; h < 2; ++h) {
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
       __m256 mn = _mm256_setzero_ps();
-      if (type == GGML_Q4_1) mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 32 + 16 * h)));
+      if (type_traits(type).has_min) mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
       for (int c = 0; c < MT; ++c) {
         const block_q8a* xb = x + c * nb + ib;
         const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
         acc[c][h] = _mm256_add_ps(acc[c][h], _mm256_mul_ps(f, _mm256_cvtepi32_ps(packed_dot8(type, gb, h, xb))));
-        if (type == GGML_Q4_1)
+        if (type_traits(type).has_min)
           acc_min[c][h] = _mm256_add_ps(acc_min[c][h], _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum)));
       }
     }
@@ -295,7 +292,7 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
   for (int c = 0; c < MT; ++c) {
     float out[16];
     for (int h = 0; h < 2; ++h)
-      _mm256_storeu_ps(out + 8 * h, type == GGML_Q4_1 ? _mm256_add_ps(acc[c][h], acc_min[c][h]) : acc[c][h]);
+      _mm256_storeu_ps(out + 8 * h, type_traits(type).has_min ? _mm256_add_ps(acc[c][h], acc_min[c][h]) : acc[c][h]);
     for (int r = 0; r < n_valid; ++r) y[c * ldy + r] = out[r];
   }
 }

@@ -64,41 +64,37 @@ void quantize_act_avx512(const float* x, block_q8a* dst, int64_t k) {
 
 // ---- fast mode: integer dot products per block (VNNI) ---------------------------------------
 
-PYINFER_INLINE int block_bytes(int type) {
-  return type == GGML_Q8_0 ? 34 : type == GGML_Q4_0 ? 18 : 20;
-}
-
 // A weight block's 32 quants as unsigned bytes in element order, the first operand of
 // vpdpbusd (unsigned x signed): Q8_0 as |q| (its signs go onto the activations, see act_q),
 // Q4_0 and Q4_1 as nibbles (Q4_0's 8 comes off through the activation sum, see act_init).
 // *raw keeps Q8_0's signed quants.
 PYINFER_INLINE __m256i w_quants(int type, const uint8_t* blk, __m256i* raw) {
-  if (type == GGML_Q8_0) {
-    *raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  if (type_traits(type).qs_signed) {
+    *raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + type_traits(type).qs_offset));
     return _mm256_abs_epi8(*raw);  // -128 becomes 0x80, which is 128 unsigned
   }
-  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (type == GGML_Q4_1 ? 4 : 2)));
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + type_traits(type).qs_offset));
   // Low nibbles are elements 0..15, high nibbles 16..31.
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0f));
 }
 
 // The activation operand: for Q8_0 with the weight's signs (a * sign(w), 0 where w is 0).
 PYINFER_INLINE __m256i act_q(int type, __m256i a, __m256i raw) {
-  return type == GGML_Q8_0 ? _mm256_sign_epi8(a, raw) : a;
+  return type_traits(type).qs_signed ? _mm256_sign_epi8(a, raw) : a;
 }
 
 // Starting value of the int32 partial sums: for Q4_0, which stores q + 8, minus 8 times the
 // activation sum in lane 0, so the lanes add up to the exact signed dot product.
 PYINFER_INLINE __m256i act_init(int type, const block_q8a* xb) {
-  if (type != GGML_Q4_0) return _mm256_setzero_si256();
-  return _mm256_zextsi128_si256(_mm_cvtsi32_si128(-8 * xb->sum));
+  if (type_traits(type).q_bias == 0) return _mm256_setzero_si256();
+  return _mm256_zextsi128_si256(_mm_cvtsi32_si128(-type_traits(type).q_bias * xb->sum));
 }
 
 // NR rows of W against MT activation rows. Per element: acc += float(partials) * (d_w*d_x)
 // over the blocks, then a horizontal sum; Q4_1 adds sum_b m_w * (d_x * sum_x) at the end.
 PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_t rb,
                               const block_q8a* x, int64_t nb, float* y, int64_t ldy) {
-  const int bb = block_bytes(type);
+  const int bb = type_traits(type).block_bytes;
   __m256 acc[4][4];
   float acc_min[4][4];
   for (int r = 0; r < NR; ++r)
@@ -113,7 +109,7 @@ PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_
       const uint8_t* blk = w + r * rb + ib * bb;
       wq[r] = w_quants(type, blk, &wraw[r]);
       wd[r] = f16_scale(blk);
-      if (type == GGML_Q4_1) wm[r] = f16_scale(blk + 2);
+      if (type_traits(type).has_min) wm[r] = f16_scale(blk + type_traits(type).m_offset);
     }
     for (int c = 0; c < MT; ++c) {
       const block_q8a* xb = x + c * nb + ib;
@@ -128,13 +124,13 @@ PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_
         }
         const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(init_r, wq[r], act_q(type, a, wraw[r])));
         acc[r][c] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd[r] * xb->d), acc[r][c]);
-        if (type == GGML_Q4_1) acc_min[r][c] += wm[r] * s;
+        if (type_traits(type).has_min) acc_min[r][c] += wm[r] * s;
       }
     }
   }
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < MT; ++c)
-      y[c * ldy + r] = type == GGML_Q4_1 ? hsum8(acc[r][c]) + acc_min[r][c] : hsum8(acc[r][c]);
+      y[c * ldy + r] = type_traits(type).has_min ? hsum8(acc[r][c]) + acc_min[r][c] : hsum8(acc[r][c]);
 }
 
 // 4 x 4 tiles: each weight block is unpacked once for four activation rows.
@@ -175,8 +171,8 @@ PYINFER_INLINE __m512i act4(const block_q8a* xb, int c) {
 // rest through the block sum, which counts a_jo whole.
 PYINFER_INLINE __m512i split_dot(int type, const uint8_t* gb, const block_q8a* xb) {
   const int jo = xb->jo;
-  __m512i col = _mm512_loadu_si512(gb + packed_quants_offset(type) + 64 * (type == GGML_Q8_0 ? jo / 4 : jo % 16 / 4));
-  if (type != GGML_Q8_0)  // the high nibbles hold elements 16..31
+  __m512i col = _mm512_loadu_si512(gb + packed_quants_offset(type) + 64 * (type_traits(type).qs_signed ? jo / 4 : jo % 16 / 4));
+  if (!type_traits(type).qs_signed)  // the high nibbles hold elements 16..31
     col = _mm512_and_si512(_mm512_srl_epi16(col, _mm_cvtsi32_si128(jo >= 16 ? 4 : 0)), _mm512_set1_epi8(0x0f));
   return _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), col, _mm512_set1_epi32(xb->h4)), 7);
 }
@@ -197,7 +193,7 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
       for (int o = 0; o < gbb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + ib * gbb + o), _MM_HINT_T1);
     // The weights' unsigned quant columns, unpacked once for the MT activation rows.
     __m512i wq[8];
-    if (type == GGML_Q8_0) {
+    if (type_traits(type).qs_signed) {
       for (int c = 0; c < 8; ++c) wq[c] = _mm512_loadu_si512(gb + qo + 64 * c);
     } else {
       for (int c = 0; c < 4; ++c) {
@@ -208,14 +204,14 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
     __m512 mn = _mm512_setzero_ps();
-    if (type == GGML_Q4_1) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + 32)));
+    if (type_traits(type).has_min) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kPackedMins)));
     // Each row's integer sum is NA chains of dot steps (8 / NA steps each, added at the end),
     // the MT rows' chains interleaved, so that at least four are in flight (vpdpbusd's latency
     // in steps it could issue); the split terms follow, behind their branch. Integer sums do
     // not depend on the order. Q8_0 stores q + 128 and Q4_0 q + 8: each row's first chain
     // starts at -offset * sum(a), which takes that off exactly, in every lane.
     constexpr int NA = MT >= 4 ? 1 : MT >= 2 ? 2 : 4;
-    const int off = type == GGML_Q8_0 ? 128 : type == GGML_Q4_0 ? 8 : 0;
+    const int off = packed_quant_bias(type);
     __m512i isum[4][NA];
 #pragma GCC unroll 4
     for (int c = 0; c < MT; ++c) {
@@ -242,13 +238,13 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
       const block_q8a* xb = x + c * nb + ib;
       const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
       acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum[c][0])));
-      if (type == GGML_Q4_1)
+      if (type_traits(type).has_min)
         acc_min[c] = _mm512_add_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->dsum)));
     }
   }
   const __mmask16 k = static_cast<__mmask16>((1u << n_valid) - 1);
   for (int c = 0; c < MT; ++c)
-    _mm512_mask_storeu_ps(y + c * ldy, k, type == GGML_Q4_1 ? _mm512_add_ps(acc[c], acc_min[c]) : acc[c]);
+    _mm512_mask_storeu_ps(y + c * ldy, k, type_traits(type).has_min ? _mm512_add_ps(acc[c], acc_min[c]) : acc[c]);
 }
 
 PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M,

@@ -1,0 +1,121 @@
+"""A llama-shaped GGUF whose matrices are Q4_K, Q5_0 and Q6_K (types with a dequantization
+kernel but no int8 one) loads and generates in both precisions, matching the NumPy forward
+pass on the dequantized weights, on every ISA path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pyinfer import reference
+from pyinfer.gguf import GGMLType, GGUFReader, GGUFWriter
+from pyinfer.model import Model
+
+N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_VOCAB = 256, 4, 2, 512, 96
+MATRICES = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+# Each layer's matrices in turn take the three types, so every role meets each of them.
+TYPES = [GGMLType.Q4_K, GGMLType.Q5_0, GGMLType.Q6_K]
+
+
+def write_kquant_llama(path: Path, types: list[GGMLType] = TYPES, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    hd = N_EMBD // N_HEAD
+    w = GGUFWriter(path)
+    w.add("general.architecture", "llama")
+    for k, v in [("block_count", 2), ("embedding_length", N_EMBD), ("feed_forward_length", N_FF),
+                 ("attention.head_count", N_HEAD), ("attention.head_count_kv", N_HEAD_KV),
+                 ("context_length", 128)]:
+        w.add(f"llama.{k}", v, 4)
+    w.add("llama.rope.freq_base", 10000.0)
+    w.add("llama.attention.layer_norm_rms_epsilon", 1e-5)
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", mat(N_VOCAB, N_EMBD), GGMLType.Q4_K)
+    shapes = {"attn_q": (N_EMBD, N_EMBD), "attn_k": (N_HEAD_KV * hd, N_EMBD), "attn_v": (N_HEAD_KV * hd, N_EMBD),
+              "attn_output": (N_EMBD, N_EMBD), "ffn_gate": (N_FF, N_EMBD), "ffn_up": (N_FF, N_EMBD),
+              "ffn_down": (N_EMBD, N_FF)}
+    for layer in range(2):
+        p = f"blk.{layer}."
+        w.add_tensor(p + "attn_norm.weight", 1 + 0.1 * rng.standard_normal(N_EMBD).astype(np.float32))
+        w.add_tensor(p + "ffn_norm.weight", 1 + 0.1 * rng.standard_normal(N_EMBD).astype(np.float32))
+        for i, name in enumerate(MATRICES):
+            w.add_tensor(f"{p}{name}.weight", mat(*shapes[name]), types[(i + layer) % len(types)])
+    w.add_tensor("output_norm.weight", np.ones(N_EMBD, np.float32))
+    w.add_tensor("output.weight", 4 * mat(N_VOCAB, N_EMBD), GGMLType.Q6_K)
+    w.write()
+
+
+@pytest.fixture(scope="module")
+def kquant_model(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("kquant") / "kquant.gguf"
+    write_kquant_llama(path)
+    return path
+
+
+def test_file_holds_the_three_types(kquant_model):
+    r = GGUFReader(kquant_model)
+    types = {t.type for name, t in r.tensors.items() if not name.endswith("norm.weight")}
+    assert types == set(TYPES)
+
+
+def greedy(model: Model, prompt: list[int], n_new: int) -> tuple[list[int], np.ndarray]:
+    """Greedy continuation token by token (prefill, then one-token decode steps): the ids and
+    the logits every step was chosen from, [n_new, n_vocab]."""
+    ctx = model.context(n_ctx=64)
+    logits = ctx.eval(prompt).copy()
+    ids, seen = list(prompt), []
+    for _ in range(n_new):
+        seen.append(logits)
+        ids.append(int(np.argmax(logits)))
+        logits = ctx.eval([ids[-1]]).copy()
+    return ids, np.array(seen)
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+def test_generates_as_the_reference(kquant_model, isa, precision):
+    prompt, n_new = [3, 17, 42, 0, 79, 5], 10
+    model = Model.load(kquant_model, precision=precision, n_threads=2, n_ctx=64)
+    assert model.repacked_bytes == 0  # no type here has the interleaved layout
+    ids, logits = greedy(model, prompt, n_new)
+    # The reference forward pass over the same ids gives the logits every step saw.
+    ref = reference.forward(GGUFReader(kquant_model), ids[:-1])[len(prompt) - 1:]
+    scale = np.abs(ref).max()
+    err = np.abs(logits - ref).max()
+    # float32 against float64 through two layers: a few ulps of the largest logit (2e-5 is
+    # ~100x what the scalar path shows).
+    assert err <= 2e-5 * scale, (isa, precision, err, scale)
+    # Each chosen token is the reference's choice wherever the reference's top two differ by
+    # more than the error allowed.
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 4e-5 * scale
+    assert clear.sum() >= n_new // 2
+    np.testing.assert_array_equal(np.array(ids[len(prompt):])[clear], np.argmax(ref, axis=1)[clear])
+    # Prefill of the whole sequence at once gives the decode steps' logits.
+    np.testing.assert_allclose(model.logits(ids[:-1])[len(prompt) - 1:], logits, rtol=0, atol=2e-5 * scale)
+    if precision == "fast":
+        # No matrix here has an int8 kernel: fast mode runs the exact path for each, bit for bit.
+        exact = Model.load(kquant_model, precision="exact", n_threads=2, n_ctx=64)
+        np.testing.assert_array_equal(greedy(exact, prompt, n_new)[1], logits)
+
+
+def test_mixed_with_int8_types_in_fast_mode(tmp_path, isa):
+    """Beside Q8_0 and Q4_1 matrices (int8 kernels, repacked where the ISA has the layout's
+    kernels) the K-quant and Q5_0 ones take the exact path, one matrix at a time."""
+    path = tmp_path / "mixed.gguf"
+    write_kquant_llama(path, TYPES + [GGMLType.Q8_0, GGMLType.Q4_1])
+    prompt = [3, 17, 42, 0, 79, 5]
+    ref = reference.forward(GGUFReader(path), prompt)
+    scale = np.abs(ref).max()
+    exact = Model.load(path, precision="exact", n_threads=2).logits(prompt)
+    assert np.abs(exact - ref).max() <= 2e-5 * scale
+    fast_model = Model.load(path, precision="fast", n_threads=2)
+    assert (fast_model.repacked_bytes > 0) == (isa != "scalar")
+    fast = fast_model.logits(prompt)
+    # int8 activations on some matrices: off by their rounding, not more (the tiny model of
+    # test_model allows 0.15; here they come to about 0.01 of the scale).
+    assert np.abs(fast - ref).max() <= 0.05 * scale
+    assert not np.array_equal(fast, exact)  # the int8 kernels did run
