@@ -114,7 +114,7 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: Shape | str,
                                 GGMLType.F16: 1, GGMLType.F32: 0}.get(ggml_type, 0), ValueType.UINT32)
     tokens = _tokenizer_tokens(s.n_vocab)
     w.add("tokenizer.ggml.model", "gpt2")
-    w.add("tokenizer.ggml.pre", "gpt2")
+    w.add("tokenizer.ggml.pre", "gpt-2")  # llama.cpp's name for it
     w.add("tokenizer.ggml.tokens", tokens, ValueType.ARRAY, ValueType.STRING)
     w.add("tokenizer.ggml.token_type", np.array([1] * 256 + [3] + [1] * (s.n_vocab - 257), np.int32))
     w.add("tokenizer.ggml.merges", [], ValueType.ARRAY, ValueType.STRING)
