@@ -11,6 +11,12 @@ lstrip_blocks, the loop controls, a `tojson` filter that keeps non-ASCII text, a
 globals `raise_exception` and `strftime_now`; variables `messages`, `add_generation_prompt`,
 `bos_token`, `eos_token` (and `tools` when given).
 
+Rendering is bounded as well: a template that loops for ever, computes a number of
+millions of digits (which would hold the GIL for minutes), or builds gigabytes of text is
+stopped with ChatTemplateError. Every loop's iterations are counted against a time limit,
+`**`, `*` and `+` refuse results past a size limit before computing them, string joins
+(`~`) and width-taking filters are checked, and the output is capped (`ChatTemplate.limits`).
+
 A rendered prompt already holds its special tokens as text, so it is tokenized with
 add_bos=False, special=True (what llama-cpp-python does): see `ChatTemplate.encode`.
 """
@@ -18,13 +24,19 @@ add_bos=False, special=True (what llama-cpp-python does): see `ChatTemplate.enco
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import math
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NoReturn
 
 import jinja2
 import jinja2.ext
 from jinja2 import nodes
+from jinja2.exceptions import SecurityError
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -69,16 +81,149 @@ class _GenerationTag(jinja2.ext.Extension):
         return nodes.Scope(body, lineno=lineno)
 
 
+@dataclass(frozen=True)
+class RenderLimits:
+    """What one rendering may spend: wall time (checked at every loop iteration), characters
+    of output, and the size of any one value (string, list, or integer in decimal digits)."""
+
+    seconds: float = 2.0
+    output_chars: int = 16 << 20
+    value_size: int = 16 << 20
+
+
+class _Budget(threading.local):
+    """The limits and deadline of the rendering running on this thread."""
+
+    limits: RenderLimits | None = None
+    deadline: float = 0.0
+    ticks: int = 0
+
+
+_budget = _Budget()
+
+
+def _limits() -> RenderLimits:
+    return _budget.limits or RenderLimits()
+
+
+def _over(what: str) -> NoReturn:
+    raise ChatTemplateError(f"the chat template exceeded its limits: {what}")
+
+
+def _check_size(value: Any) -> Any:
+    """value, unless a string or sequence longer than the value-size limit."""
+    if isinstance(value, (str, bytes, list, tuple)) and len(value) > _limits().value_size:
+        _over(f"a value of {len(value):,} items (limit {_limits().value_size:,})")
+    return value
+
+
+def _loop_guard(iterable: Iterable[Any]) -> Iterator[Any]:
+    """Every loop iterates through this: the deadline is checked at each step."""
+    for item in iterable:
+        _budget.ticks += 1
+        if _budget.ticks & 255 == 0 and time.monotonic() > _budget.deadline:
+            _over(f"rendering took more than {_limits().seconds:g} s (a loop that does not end?)")
+        yield item
+
+
+_WIDTH = re.compile(r"[0-9]{7,}")
+
+
+def _check_widths(fmt: str) -> None:
+    """Refuse a format string (`%` or str.format) with a field width or precision of millions."""
+    if _WIDTH.search(fmt):
+        _over("a format width of millions of characters")
+
+
+def _int_digits(x: int) -> float:
+    return (abs(x).bit_length() + 1) * math.log10(2)
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The immutable sandbox, with loops, arithmetic and string building bounded."""
+
+    intercepted_binops = frozenset({"**", "*", "+", "%"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        limit = _limits().value_size
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
+            if abs(left) > 1 and right * _int_digits(left) > limit:
+                _over(f"{left} ** {right} would have about {right * _int_digits(left):,.0f} digits")
+        elif operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and len(seq) * n > limit:
+                    _over(f"repeating {len(seq):,} items {n:,} times")
+            if isinstance(left, int) and isinstance(right, int) and _int_digits(left) + _int_digits(right) > limit:
+                _over("an integer product too large")
+        elif operator == "%" and isinstance(left, str):
+            _check_widths(left)
+        elif (operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple))
+              and len(left) + len(right) > limit):
+            _over(f"a value of {len(left) + len(right):,} items (limit {limit:,})")
+        return super().call_binop(context, operator, left, right)
+
+    def wrap_str_format(self, value: Any) -> Any:
+        wrapped = super().wrap_str_format(value)
+        if wrapped is None:
+            return None
+        _check_widths(value.__self__)  # the format string whose method is being called
+        return wrapped
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> nodes.Template:
+        tree = super()._parse(source, name, filename)
+        for n in tree.find_all(nodes.Name):
+            if n.name.startswith("_pyinfer"):
+                raise jinja2.TemplateSyntaxError(f"the name {n.name!r} is reserved", n.lineno)
+        # Every for loop iterates through _loop_guard; every `~` join is size-checked.
+        for loop in tree.find_all(nodes.For):
+            loop.iter = nodes.Call(nodes.Name("_pyinfer_loop", "load"), [loop.iter], [], None, None)
+        for parent in list(tree.find_all(nodes.Node)):
+            for field in parent.fields:
+                child = getattr(parent, field, None)
+                if isinstance(child, nodes.Concat):
+                    setattr(parent, field, nodes.Call(nodes.Name("_pyinfer_size", "load"), [child], [], None, None))
+                elif isinstance(child, list):
+                    for i, c in enumerate(child):
+                        if isinstance(c, nodes.Concat):
+                            child[i] = nodes.Call(nodes.Name("_pyinfer_size", "load"), [c], [], None, None)
+        return tree
+
+
+def _bounded_filter(f: Any, *width_args: int) -> Any:
+    """A filter whose arguments at these positions are widths: refused past the size limit."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        for i in width_args:
+            if i < len(args) and isinstance(args[i], int) and args[i] > _limits().value_size:
+                _over(f"a width of {args[i]:,}")
+        return _check_size(f(*args, **kwargs))
+
+    wrapped.__name__ = getattr(f, "__name__", "filter")
+    for attr in ("jinja_pass_arg",):  # keep how jinja passes the environment or context
+        if hasattr(f, attr):
+            setattr(wrapped, attr, getattr(f, attr))
+    return wrapped
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(
+    env = _BoundedEnvironment(
         trim_blocks=True,
         lstrip_blocks=True,
         extensions=[jinja2.ext.loopcontrols, _GenerationTag],
         autoescape=False,
     )
     env.filters["tojson"] = _tojson
+    # Filters that take a width, or build a string from a sequence.
+    env.filters["center"] = _bounded_filter(env.filters["center"], 1)
+    env.filters["indent"] = _bounded_filter(env.filters["indent"], 1)
+    env.filters["wordwrap"] = _bounded_filter(env.filters["wordwrap"], 2)
+    env.filters["join"] = _bounded_filter(env.filters["join"])
+    env.filters["replace"] = _bounded_filter(env.filters["replace"])
+    env.filters["format"] = _bounded_filter(env.filters["format"])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.globals["_pyinfer_loop"] = _loop_guard
+    env.globals["_pyinfer_size"] = _check_size
     return env
 
 
@@ -124,7 +269,8 @@ class ChatTemplate:
     '<|im_start|>system\\n...<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
     """
 
-    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "") -> None:
+    def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "",
+                 limits: RenderLimits | None = None) -> None:
         if not isinstance(source, str):
             raise ParameterTypeError(f"a chat template is a str, not {type(source).__name__}")
         if not source.strip():
@@ -132,6 +278,7 @@ class ChatTemplate:
         self.source = source
         self.bos_token = bos_token
         self.eos_token = eos_token
+        self.limits = limits or RenderLimits()
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateSyntaxError as e:
@@ -192,7 +339,8 @@ class ChatTemplate:
         template variables (e.g. enable_thinking=False).
 
         Raises ValueError for invalid messages, ChatTemplateError when the template
-        rejects them, jinja2.exceptions.SecurityError when it tries to escape the sandbox.
+        rejects them, fails, or exceeds its limits (`self.limits`), and
+        jinja2.exceptions.SecurityError when it tries to escape the sandbox.
         """
         msgs = validate_messages(messages)
         context: dict[str, Any] = {
@@ -204,7 +352,24 @@ class ChatTemplate:
         }
         if tools is not None:
             context["tools"] = tools
-        return self._template.render(**context)
+        outer = (_budget.limits, _budget.deadline, _budget.ticks)
+        _budget.limits, _budget.deadline, _budget.ticks = self.limits, time.monotonic() + self.limits.seconds, 0
+        try:
+            parts, n = [], 0
+            for part in self._template.generate(**context):
+                n += len(part)
+                if n > self.limits.output_chars:
+                    _over(f"more than {self.limits.output_chars:,} characters of output")
+                parts.append(part)
+            return "".join(parts)
+        except (ChatTemplateError, SecurityError):
+            raise
+        except RecursionError:
+            raise ChatTemplateError("the chat template failed: it recursed too deeply") from None
+        except (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError) as e:
+            raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from e
+        finally:
+            _budget.limits, _budget.deadline, _budget.ticks = outer
 
     def encode(
         self,
