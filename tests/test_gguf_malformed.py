@@ -244,3 +244,30 @@ def test_corrupted_bytes_load_or_raise_gguf_error(tmp_path, data):
         load(tmp_path, bytes(raw))
     except GGUFError:
         pass
+
+
+def test_not_a_regular_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    import os
+    import threading
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    result: list[BaseException] = []
+    t = threading.Thread(target=lambda: result.append(pytest.raises(GGUFError, GGUFReader, fifo).value))
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "opening a FIFO blocked"
+    assert "it is a FIFO" in str(result[0]) and str(fifo) in str(result[0])
+    with pytest.raises(GGUFError, match="it is a directory"):
+        GGUFReader(tmp_path)
+    with pytest.raises(GGUFError, match="it is a device"):
+        GGUFReader("/dev/null")
+
+
+def test_messages_name_the_file_and_the_format(tmp_path: Path) -> None:
+    p = tmp_path / "bad.gguf"
+    p.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (10**15).to_bytes(8, "little") + bytes(8))
+    with pytest.raises(GGUFError) as e:
+        GGUFReader(p)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: malformed GGUF file: tensor_count at byte 8"), msg

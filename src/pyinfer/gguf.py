@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -159,19 +160,33 @@ class GGUFReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        with open(self.path, "rb") as f:
-            self.file_size = os.fstat(f.fileno()).st_size
+        # Non-blocking, so a FIFO (which would wait for a writer) is seen and refused at once.
+        fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                        else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
+                raise GGUFError(f"{self.path}: not a GGUF file: it is {kind}, not a regular file")
+            self.file_size = st.st_size
             if self.file_size < 4 + 4 + 8 + 8:
                 raise GGUFError(
-                    f"header: file is {self.file_size} bytes, too short for a GGUF header (24 bytes)"
+                    f"{self.path}: GGUF header: file is {self.file_size} bytes, too short for a GGUF "
+                    "header (24 bytes)"
                 )
-            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
         self._buf = memoryview(self._mmap)
         self.metadata: dict[str, Any] = {}
         self.metadata_types: dict[str, tuple[ValueType, ...]] = {}
         self.tensors: dict[str, TensorInfo] = {}
         self._tensor_names: set[str] = set()
-        self._parse()
+        try:
+            self._parse()
+        except GGUFError as e:  # every message: the file, that it is a GGUF problem, then the field
+            self.close()
+            raise GGUFError(f"{self.path}: malformed GGUF file: {e}") from None
 
     # -- parsing -----------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ import functools
 import math
 import os
 import threading
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -37,6 +38,18 @@ def _check_positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
     return int(value)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to allocate now (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def default_threads() -> int:
@@ -121,7 +134,7 @@ class Model:
 
     def __init__(self, reader: GGUFReader, *, n_ctx: int | None = None, n_threads: int | None = None,
                  precision: str = "fast", n_batch: int = 512, kv_dtype: str = "float32",
-                 repack: bool | None = None) -> None:
+                 repack: bool | None = None, memory_limit: int | None = None) -> None:
         self.reader = reader
         description = describe(reader)
         self.config: Config = description.config
@@ -129,7 +142,15 @@ class Model:
         self.kv_dtype = _check_choice("kv_dtype", kv_dtype, KV_DTYPES)
         self.n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else min(self.config.n_ctx_train, 4096))
         self.n_threads = _check_positive_int("n_threads", n_threads if n_threads is not None else default_threads())
+        cores = default_threads()
+        if self.n_threads > cores:
+            # More threads than cores only makes them wait on each other at every step.
+            warnings.warn(f"n_threads={self.n_threads} exceeds the {cores} cores this process may use: "
+                          f"using {cores}", RuntimeWarning, stacklevel=2)
+            self.n_threads = cores
         self.n_batch = _check_positive_int("n_batch", n_batch)
+        # The most a context may take (KV cache + scratch): None, the memory available when it is made.
+        self.memory_limit = None if memory_limit is None else _check_positive_int("memory_limit", memory_limit)
         self._tokenizer: Tokenizer | None = None
         if repack is None:
             # The interleaved layout has SIMD kernels on the AVX2 and AVX-512 paths, several
@@ -174,10 +195,28 @@ class Model:
 
         return model_info(self.reader)["weight_bytes_per_token"]
 
+    def context_nbytes(self, n_ctx: int, n_batch: int) -> int:
+        """Bytes a context of n_ctx positions and n_batch tokens per call allocates: its KV
+        cache and its forward-pass scratch."""
+        c = self.config
+        kv = 2 * c.n_layer * c.n_head_kv * c.head_dim * n_ctx * (4 if self.kv_dtype == "float32" else 2)
+        q, kvd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+        row = 4 * (2 * c.n_embd + q + 2 * kvd + q + 3 * c.n_ff + c.head_dim) + 16
+        return kv + n_batch * row
+
     def context(self, n_ctx: int | None = None, *, n_batch: int | None = None) -> Context:
-        """A new sequence with its own KV cache."""
+        """A new sequence with its own KV cache. n_batch (tokens per forward call) is capped at
+        n_ctx. MemoryError, before allocating, if the context needs more than the model's
+        memory_limit (default: the memory available now)."""
         n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else self.n_ctx)
-        n_batch = _check_positive_int("n_batch", n_batch if n_batch is not None else min(self.n_batch, n_ctx))
+        n_batch = min(n_ctx, _check_positive_int("n_batch", n_batch if n_batch is not None else self.n_batch))
+        need = self.context_nbytes(n_ctx, n_batch)
+        limit = self.memory_limit if self.memory_limit is not None else available_memory()
+        if limit is not None and need > limit:
+            raise MemoryError(
+                f"a context of n_ctx={n_ctx} (n_batch={n_batch}) needs {need / 1e6:,.1f} MB for its KV cache "
+                f"and scratch, over the {limit / 1e6:,.1f} MB {'limit' if self.memory_limit else 'available'}"
+            )
         return Context(self, n_ctx, n_batch, self.kv_dtype)
 
     def decode_batch(self, contexts: Sequence[Context], ids: Sequence[int]) -> np.ndarray:
