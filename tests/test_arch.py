@@ -40,13 +40,27 @@ REFUSED_KEYS = [
     ("llama.attention.value_length", (8, ValueType.UINT32), "differs from the key length 16"),
     ("llama.vocab_size", (1000, ValueType.UINT32), "llama.vocab_size = 1000 but token_embd.weight has 260 rows"),
     ("split.count", (3, ValueType.UINT16), "split across 3 files"),
+    ("llama.attention.head_count", (0, ValueType.UINT32), "llama.attention.head_count = 0 must be positive"),
+    ("llama.attention.head_count_kv", (3, ValueType.UINT32), "head_count_kv = 3 does not divide"),
+    ("llama.context_length", (0, ValueType.UINT32), "llama.context_length = 0 must be positive"),
+    ("llama.block_count", (0, ValueType.UINT32), "llama.block_count = 0 must be positive"),
+    ("llama.rope.freq_base", float("nan"), "llama.rope.freq_base = nan must be"),
+    ("llama.rope.freq_base", -1.0, "llama.rope.freq_base = -1.0 must be"),
+    ("llama.attention.layer_norm_rms_epsilon", float("inf"), "layer_norm_rms_epsilon = inf must be"),
+    ("llama.attention.layer_norm_rms_epsilon", -1e-5, "must be a finite number in [0, 1)"),
     ("mixture.router", "top2", "metadata key mixture.router = 'top2' is not known"),
 ]
 
 
+# Keys the writer sets itself: the test changes the value it wrote.
+WRITTEN = {"llama.rope.dimension_count", "llama.vocab_size", "llama.attention.head_count",
+           "llama.attention.head_count_kv", "llama.context_length", "llama.block_count", "llama.rope.freq_base",
+           "llama.attention.layer_norm_rms_epsilon"}
+
+
 @pytest.mark.parametrize(("key", "value", "message"), REFUSED_KEYS, ids=[k[0] + "=" + str(k[1]) for k in REFUSED_KEYS])
 def test_unimplemented_key_refuses_the_file(tmp_path: Path, key: str, value: object, message: str) -> None:
-    written_anyway = key in ("llama.rope.dimension_count", "llama.vocab_size")
+    written_anyway = key in WRITTEN
     reader = GGUFReader(write(tmp_path, metadata={} if written_anyway else {key: value}))
     if written_anyway:  # the writer sets these keys: change the value it wrote
         reader.metadata[key] = value[0] if isinstance(value, tuple) else value

@@ -4,6 +4,7 @@ is csrc/models/llama.cpp."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -72,18 +73,40 @@ def _config(arch: Architecture, md: Mapping[str, Any], shapes: Mapping[str, tupl
             f"tensor rope_freqs.weight has shape {tuple(rope_freqs)}, expected ({head_dim // 2},)"
         )
 
+    n_head_kv = get_int(arch, md, "attention.head_count_kv", n_head)
+    if not 1 <= n_head_kv <= n_head or n_head % n_head_kv:
+        raise UnsupportedModelError(
+            f"{arch.key('attention.head_count_kv')} = {n_head_kv} does not divide "
+            f"{arch.key('attention.head_count')} = {n_head}"
+        )
+    sizes = {"block_count": get_int(arch, md, "block_count"), "embedding_length": n_embd,
+             "feed_forward_length": get_int(arch, md, "feed_forward_length"),
+             "attention.key_length": head_dim, "context_length": get_int(arch, md, "context_length", 2048)}
+    for key, v in sizes.items():
+        if v < 1:
+            raise UnsupportedModelError(f"{arch.key(key)} = {v} must be positive")
+    if head_dim % 2:
+        raise UnsupportedModelError(f"{arch.key('attention.key_length')} = {head_dim}: RoPE needs an even head dim")
+    rope_base = get_float(arch, md, "rope.freq_base", 10000.0)
+    if not (math.isfinite(rope_base) and rope_base > 1):
+        raise UnsupportedModelError(f"{arch.key('rope.freq_base')} = {rope_base} must be a finite number > 1")
+    rms_eps = get_float(arch, md, "attention.layer_norm_rms_epsilon", 1e-5)
+    if not (math.isfinite(rms_eps) and 0 <= rms_eps < 1):
+        raise UnsupportedModelError(
+            f"{arch.key('attention.layer_norm_rms_epsilon')} = {rms_eps} must be a finite number in [0, 1)"
+        )
     return Config(
         architecture=arch.name,
-        n_layer=get_int(arch, md, "block_count"),
+        n_layer=sizes["block_count"],
         n_embd=n_embd,
         n_head=n_head,
-        n_head_kv=get_int(arch, md, "attention.head_count_kv", n_head),
+        n_head_kv=n_head_kv,
         head_dim=head_dim,
-        n_ff=get_int(arch, md, "feed_forward_length"),
+        n_ff=sizes["feed_forward_length"],
         n_vocab=n_vocab,
-        n_ctx_train=get_int(arch, md, "context_length", 2048),
-        rope_base=get_float(arch, md, "rope.freq_base", 10000.0),
-        rms_eps=get_float(arch, md, "attention.layer_norm_rms_epsilon", 1e-5),
+        n_ctx_train=sizes["context_length"],
+        rope_base=rope_base,
+        rms_eps=rms_eps,
         rope_freq_scale=freq_scale,
         tied_output="output.weight" not in shapes,
     )
