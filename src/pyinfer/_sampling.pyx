@@ -78,6 +78,8 @@ cdef double _exp_sum(const float* x, Py_ssize_t n, float m, float inv_t, float* 
 def exp_sum(const float[::1] x, float m, float inv_t, float[::1] scratch) -> float:
     """sum(exp((x - m) * inv_t)) over the row, in one vectorized pass (scratch: len(x))."""
     cdef double z
+    if x.shape[0] == 0:
+        raise ValueError("the row is empty")
     if scratch.shape[0] < x.shape[0]:
         raise ValueError("scratch buffer is shorter than the row")
     with nogil:
@@ -167,6 +169,8 @@ def top_ids(const float[::1] x, Py_ssize_t k, int32_t[::1] out) -> int:
     """The ids of the k largest finite-or-+inf values of x into out[:k], best first (ties:
     lower id first); returns how many there were (fewer when x has -inf entries)."""
     cdef Py_ssize_t c
+    if x.shape[0] == 0 or k < 1:
+        raise ValueError(f"top_ids needs a non-empty row and k >= 1, got {x.shape[0]} values and k = {k}")
     k = min(k, x.shape[0])
     if out.shape[0] < k:
         raise ValueError("output buffer is shorter than k")
@@ -189,6 +193,8 @@ def apply_penalties(float[::1] x, list window, int32_t[::1] counts, float repeat
     cdef Py_ssize_t tok
     cdef int32_t c
     cdef float v
+    if counts.shape[0] < n:
+        raise ValueError("counts is shorter than the row")
     for t in window:
         tok = t
         if tok < 0 or tok >= n:
@@ -207,8 +213,13 @@ def apply_penalties(float[::1] x, list window, int32_t[::1] counts, float repeat
 
 
 def apply_bias(float[::1] x, const int32_t[::1] ids, const float[::1] bias) -> None:
-    """x[ids] += bias (ids already checked against len(x))."""
+    """x[ids] += bias."""
     cdef Py_ssize_t i
+    if bias.shape[0] != ids.shape[0]:
+        raise ValueError(f"{ids.shape[0]} ids but {bias.shape[0]} biases")
+    for i in range(ids.shape[0]):
+        if ids[i] < 0 or ids[i] >= x.shape[0]:
+            raise ValueError(f"token id {ids[i]} is out of range for a vocabulary of {x.shape[0]}")
     for i in range(ids.shape[0]):
         x[ids[i]] += bias[i]
 
@@ -247,6 +258,8 @@ def filter_candidates(const float[::1] x, float m, double temperature, Py_ssize_
     """
     cdef Py_ssize_t n = x.shape[0]
     cdef Py_ssize_t c
+    if n == 0:
+        raise ValueError("the row is empty")
     if idx.shape[0] < n or w.shape[0] < n or scratch.shape[0] < n:
         raise ValueError("work buffers are shorter than the row")
     if not temperature > 0:
