@@ -91,8 +91,9 @@ class EngineStats:
     """A snapshot of the engine. running: sequences admitted (prefilling or decoding);
     waiting: requests queued for admission; batch_size: sequences in the last decode step;
     kv_bytes_in_use: KV caches reserved by running sequences; kv_bytes_idle: caches kept
-    for reuse (freed when a reservation needs their room); the counters cover every request
-    finished so far."""
+    for reuse (freed when a reservation needs their room); steps: scheduler steps run;
+    decode_rows: sequence rows the decode steps evaluated (their mean batch, over the decode
+    steps); the other counters cover every request finished so far."""
 
     running: int
     waiting: int
@@ -102,6 +103,7 @@ class EngineStats:
     kv_bytes_idle: int
     kv_budget_bytes: int
     steps: int
+    decode_rows: int
     requests_finished: int
     prompt_tokens_total: int
     predicted_tokens_total: int
@@ -285,6 +287,7 @@ class Engine:
         self._closed = False
         self._batch_size = 0
         self._steps = 0
+        self._decode_rows = 0
         self._finished = 0
         self._prompt_total = 0
         self._predicted_total = 0
@@ -399,6 +402,7 @@ class Engine:
                 kv_bytes_idle=self._kv_idle,
                 kv_budget_bytes=self.kv_budget_bytes,
                 steps=self._steps,
+                decode_rows=self._decode_rows,
                 requests_finished=self._finished,
                 prompt_tokens_total=self._prompt_total,
                 predicted_tokens_total=self._predicted_total,
@@ -518,6 +522,7 @@ class Engine:
         dt = perf_counter() - t
         with self._cond:
             self._batch_size = len(seqs)
+            self._decode_rows += len(seqs)
         for s, row in zip(seqs, logits):
             self._sample(s, row, dt)
 
