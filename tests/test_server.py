@@ -263,6 +263,20 @@ def test_disconnect_mid_stream_frees_the_sequence(server):
     assert m["llamacpp:tokens_predicted_total"] - base["llamacpp:tokens_predicted_total"] < 100
     assert m["pyinfer:kv_cache_budget_bytes"] > 0 and m["pyinfer:batch_occupancy"] == 0
 
+    # A client that gives up on a whole (not streamed) completion cancels it too.
+    body["stream"] = False
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=httpx.Timeout(10, read=1.0))
+    deadline = time.monotonic() + 10
+    while True:
+        m = metrics(server)
+        if m.get(cancelled, 0) == base.get(cancelled, 0) + 2:
+            break
+        assert time.monotonic() < deadline, m
+        time.sleep(0.05)
+    assert m["pyinfer:kv_cache_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0
+
 
 def test_overload_answers_503_and_the_server_keeps_serving(model):
     from starlette.testclient import TestClient

@@ -12,6 +12,7 @@ cancels its sequence, which frees its KV memory within one scheduler step.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -342,6 +343,21 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         except RuntimeError as e:  # closed
             raise APIError(503, str(e), type="server_error") from None
 
+    async def result(handle: RequestHandle, request: HTTPRequest) -> Completion:
+        """The whole completion; a client that disconnects before it is done cancels it."""
+        task = asyncio.ensure_future(handle.aresult())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    handle.cancel()
+        finally:
+            if not task.done():  # the handler itself was cancelled
+                handle.cancel()
+                task.cancel()
+
     def logprobs_of(ids: Sequence[int], lps: Any, offset: int) -> openai_types.CompletionLogprobs:
         return openai_types.completion_logprobs(tokenizer, ids, list(lps or []), offset)
 
@@ -429,7 +445,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             return openai_types.text_completion(cid, created, model_name, text, lp, finish)
 
         if not streamed:
-            c = await handle.aresult()
+            c = await result(handle, request)
             lp = logprobs_of(c.token_ids, c.logprobs, len(prompt_text)) if n_lp is not None else None
             out = shape(c.text, lp, _finish(c.finish_reason))
             out["usage"] = openai_types.usage(c.prompt_tokens, len(c.token_ids))
@@ -493,7 +509,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         if not streamed:
-            c: Completion = await handle.aresult()
+            c: Completion = await result(handle, request)
             lp = openai_types.chat_logprobs(logprobs_of(c.token_ids, c.logprobs, 0)) if n_lp is not None else None
             out: openai_types.ChatCompletion = {
                 "id": cid, "object": "chat.completion", "created": created, "model": model_name,
