@@ -5,7 +5,8 @@ from __future__ import annotations
 from pyinfer import _C
 from pyinfer.bandwidth import measure_read_bandwidth
 from pyinfer.chat import ChatTemplate
-from pyinfer.errors import ChatTemplateError, ContextOverflowError, GGUFError
+from pyinfer.engine import Engine, RequestHandle
+from pyinfer.errors import ChatTemplateError, ContextOverflowError, GGUFError, OverloadedError
 from pyinfer.generate import CancelToken, Completion, CompletionChunk, Timings
 from pyinfer.llama_compat import Llama
 from pyinfer.model import Context, Model
@@ -32,9 +33,12 @@ __all__ = [
     "CompletionChunk",
     "Context",
     "ContextOverflowError",
+    "Engine",
     "GGUFError",
     "Llama",
     "Model",
+    "OverloadedError",
+    "RequestHandle",
     "SamplingParams",
     "Timings",
     "Tokenizer",

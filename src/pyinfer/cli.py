@@ -1,4 +1,4 @@
-"""The `pyinfer` command line: `pyinfer run | chat | info | pull | bench | quantize`."""
+"""The `pyinfer` command line: `pyinfer run | chat | info | pull | bench | quantize | serve`."""
 
 from __future__ import annotations
 
@@ -51,6 +51,21 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     run_bench(args.studies, model=args.model, quick=args.quick, out=args.out, threads=args.threads,
               llama_bench=args.llama_bench, peers=not args.no_peers)
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        from pyinfer.server import serve
+    except ImportError as e:
+        print(f"pyinfer serve: error: {e.name} is missing: pip install 'pyinfer[server]'", file=sys.stderr)
+        return 1
+    api_key = args.api_key if args.api_key is not None else os.environ.get("PYINFER_API_KEY") or None
+    kv = None if args.kv_budget_mib is None else int(args.kv_budget_mib * (1 << 20))
+    serve(args.model, host=args.host, port=args.port, api_key=api_key, n_threads=args.threads, n_ctx=args.ctx,
+          precision=args.precision, max_batch=args.max_batch, token_budget=args.token_budget,
+          kv_budget_bytes=kv, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+          log_level=args.log_level)
     return 0
 
 
@@ -221,6 +236,28 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--llama-bench", default=None, metavar="PATH", help="a llama-bench binary to compare with")
     b.add_argument("--no-peers", action="store_true", help="time pyinfer alone in the peers study")
     b.set_defaults(func=_cmd_bench)
+
+    sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the [server] extra)")
+    sv.add_argument("--model", "-m", default=None, help="GGUF path or known model name (default: smollm2)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    sv.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' (default: $PYINFER_API_KEY, else none)")
+    sv.add_argument("--threads", "-t", type=int, default=None, help="threads (default: all cores)")
+    sv.add_argument("--ctx", "-c", type=int, default=4096, help="longest sequence in tokens (default: %(default)s)")
+    sv.add_argument("--precision", choices=["fast", "exact"], default="fast",
+                    help="fast keeps batched outputs bit-identical to single ones (default: %(default)s)")
+    sv.add_argument("--max-batch", type=int, default=16, help="sequences running at once (default: %(default)s)")
+    sv.add_argument("--token-budget", type=int, default=256,
+                    help="largest prompt chunk per scheduler step (default: %(default)s)")
+    sv.add_argument("--kv-budget-mib", type=float, default=None,
+                    help="memory for KV caches in MiB (default: half the memory available)")
+    sv.add_argument("--max-queue", type=int, default=64,
+                    help="requests waiting for admission before 503 (default: %(default)s)")
+    sv.add_argument("--max-body-bytes", type=int, default=4 << 20, help="request body limit (default: %(default)s)")
+    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                    help="uvicorn's log level (default: %(default)s)")
+    sv.set_defaults(func=_cmd_serve)
     return p
 
 

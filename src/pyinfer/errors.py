@@ -22,3 +22,12 @@ class ParameterTypeError(TypeError, ValueError):
 class ChatTemplateError(ValueError):
     """A chat template is missing, does not parse, or rejected the messages itself
     (through `raise_exception`)."""
+
+
+class OverloadedError(RuntimeError):
+    """The engine's queue is full: the request was not accepted. retry_after: seconds after
+    which trying again is reasonable (an HTTP server sends it as Retry-After)."""
+
+    def __init__(self, message: str, retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any, TypedDict
 
+from pyinfer.request import Timings
 from pyinfer.sampling import TokenLogprob
 from pyinfer.tokenizer import Tokenizer
 
@@ -20,6 +21,24 @@ class Usage(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+
+
+class ServerTimings(TypedDict):
+    """Where a request's time went, in llama.cpp's server's `timings` names (milliseconds)
+    plus the parts before prefill: queue_ms (waiting for admission), tokenize_ms, and
+    ttft_ms from arrival to the first token. cache_n: prompt tokens taken from a cache
+    (none yet). predicted_n counts every token sampled, an end-of-turn token included."""
+
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+    cache_n: int
+    queue_ms: float
+    tokenize_ms: float
+    ttft_ms: float | None
 
 
 class CompletionLogprobs(TypedDict):
@@ -50,6 +69,7 @@ class _TextCompletionBase(TypedDict):
 
 class TextCompletion(_TextCompletionBase, total=False):
     usage: Usage  # in a whole completion, not in stream chunks
+    timings: ServerTimings  # from the server: in a whole completion and a stream's last chunk
 
 
 class TopLogprob(TypedDict):
@@ -82,13 +102,17 @@ class ChatChoice(TypedDict):
     finish_reason: str | None
 
 
-class ChatCompletion(TypedDict):
+class _ChatCompletionBase(TypedDict):
     id: str
     object: str  # "chat.completion"
     created: int
     model: str
     choices: list[ChatChoice]
     usage: Usage
+
+
+class ChatCompletion(_ChatCompletionBase, total=False):
+    timings: ServerTimings  # from the server
 
 
 class ChatDelta(TypedDict, total=False):
@@ -103,12 +127,17 @@ class ChatChunkChoice(TypedDict):
     finish_reason: str | None
 
 
-class ChatCompletionChunk(TypedDict):
+class _ChatCompletionChunkBase(TypedDict):
     id: str
     model: str
     created: int
     object: str  # "chat.completion.chunk"
-    choices: list[ChatChunkChoice]
+    choices: list[ChatChunkChoice]  # empty in the usage chunk that ends a stream
+
+
+class ChatCompletionChunk(_ChatCompletionChunkBase, total=False):
+    usage: Usage  # only in the last chunk, when the stream was asked to include usage
+    timings: ServerTimings  # from the server, in the chunk with the finish_reason
 
 
 # ---- builders
@@ -119,6 +148,23 @@ def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def server_timings(t: Timings) -> ServerTimings:
+    """A request's Timings in the server's shape."""
+    decode_ms = t.decode_s * 1e3
+    return {
+        "prompt_n": t.prompt_tokens,
+        "prompt_ms": t.prefill_s * 1e3,
+        "prompt_per_second": t.prefill_tokens_per_s,
+        "predicted_n": t.sampled_tokens,
+        "predicted_ms": decode_ms,
+        "predicted_per_second": t.decode_tokens_per_s,
+        "cache_n": 0,
+        "queue_ms": t.queue_s * 1e3,
+        "tokenize_ms": t.tokenize_s * 1e3,
+        "ttft_ms": None if t.ttft_s is None else t.ttft_s * 1e3,
     }
 
 
@@ -199,7 +245,7 @@ def chat_completion(result: TextCompletion) -> ChatCompletion:
     """A whole text completion (with usage) as a "chat.completion" with the assistant's
     message."""
     choice = result["choices"][0]
-    return {
+    out: ChatCompletion = {
         "id": "chat" + result["id"],
         "object": "chat.completion",
         "created": result["created"],
@@ -214,6 +260,9 @@ def chat_completion(result: TextCompletion) -> ChatCompletion:
         ],
         "usage": result["usage"],
     }
+    if "timings" in result:
+        out["timings"] = result["timings"]
+    return out
 
 
 def chat_chunks(chunks: Iterator[TextCompletion]) -> Iterator[ChatCompletionChunk]:
@@ -225,9 +274,9 @@ def chat_chunks(chunks: Iterator[TextCompletion]) -> Iterator[ChatCompletionChun
             cid, model, created = "chat" + ch["id"], ch["model"], ch["created"]
             c = ch["choices"][0]
             if i == 0:
-                yield _chat_chunk(cid, model, created, {"role": "assistant"}, None, None)
+                yield chat_chunk(cid, model, created, {"role": "assistant"}, None, None)
             delta: ChatDelta = {"content": c["text"]} if c["finish_reason"] is None else {}
-            yield _chat_chunk(
+            yield chat_chunk(
                 cid, model, created, delta, chat_logprobs(c["logprobs"]), c["finish_reason"]
             )
     finally:
@@ -236,7 +285,7 @@ def chat_chunks(chunks: Iterator[TextCompletion]) -> Iterator[ChatCompletionChun
             close()
 
 
-def _chat_chunk(
+def chat_chunk(
     cid: str,
     model: str,
     created: int,
@@ -244,6 +293,7 @@ def _chat_chunk(
     logprobs: ChatLogprobs | None,
     finish_reason: str | None,
 ) -> ChatCompletionChunk:
+    """One "chat.completion.chunk" with one choice."""
     return {
         "id": cid,
         "model": model,

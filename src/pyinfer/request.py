@@ -65,7 +65,7 @@ class Timings:
     of decode_s is the loop's own overhead.
     """
 
-    queue_s: float = 0.0  # before the Request was made, less tokenize_s
+    queue_s: float = 0.0  # before the Request was made, less tokenize_s (+ an engine's admission wait)
     tokenize_s: float = 0.0  # as reported by the caller
     prefill_s: float = 0.0  # the model over the prompt, as the driver reports it
     ttft_s: float | None = None  # None when no token was sampled

@@ -1,0 +1,575 @@
+"""`pyinfer serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn, the `[server]` extra)
+over one Engine: /v1/completions and /v1/chat/completions (whole, or streamed as server-sent
+events), /v1/models, /health, /metrics (Prometheus), /tokenize and /detokenize.
+
+Every completion carries `timings` (llama.cpp's field names plus queue, tokenize and TTFT
+times). Errors have the OpenAI shape {"error": {"message", "type", "param", "code"}}: 400
+for a bad parameter (param names it) or a prompt longer than the context (the message gives
+both counts), 401 for a missing or wrong API key, 413 for a body over the size limit, 503
+with Retry-After when the engine's queue is full. A client that disconnects from a stream
+cancels its sequence, which frees its KV memory within one scheduler step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi import Request as HTTPRequest
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from pyinfer import openai_types
+from pyinfer.engine import Engine, RequestHandle
+from pyinfer.errors import ChatTemplateError, ContextOverflowError, OverloadedError
+from pyinfer.request import Completion, CompletionChunk, Request
+from pyinfer.sampling import SamplingParams
+
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+MAX_LOGPROBS = 20  # alternatives per token a request may ask for
+# The sampling fields a request may set, all checked by SamplingParams.
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                   "frequency_penalty", "repeat_last_n", "seed")
+
+
+class APIError(Exception):
+    """An error answered in the OpenAI shape."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.headers = dict(headers or {})
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def _bad(param: str, message: str) -> APIError:
+    return APIError(400, message, param=param)
+
+
+# ---- reading a request body
+
+
+async def _json_body(request: HTTPRequest, limit: int) -> dict[str, Any]:
+    too_big = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise too_big
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, f"the request body must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _opt_bool(body: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise _bad(name, f"{name} must be a boolean, not {type(v).__name__}")
+    return v
+
+
+def _opt_int(body: Mapping[str, Any], name: str, lo: int, hi: int | None = None) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return None
+    if not _is_int(v):
+        raise _bad(name, f"{name} must be an integer, not {type(v).__name__}")
+    if v < lo or (hi is not None and v > hi):
+        bounds = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+        raise _bad(name, f"{name} must be {bounds}, got {v}")
+    return int(v)
+
+
+def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling keywords of a request, each checked alone so that an error names it."""
+    out: dict[str, Any] = {}
+    for name in SAMPLING_FIELDS:
+        v = body.get(name)
+        if v is None:
+            continue
+        try:
+            SamplingParams(**{name: v})
+        except (TypeError, ValueError) as e:
+            raise _bad(name, str(e)) from None
+        out[name] = v
+    bias = body.get("logit_bias")
+    if bias is not None:
+        if not isinstance(bias, dict):
+            raise _bad("logit_bias", f"logit_bias must be an object of token id -> bias, not {type(bias).__name__}")
+        try:
+            parsed = {int(k): v for k, v in bias.items()}
+        except ValueError:
+            raise _bad("logit_bias", "logit_bias keys must be token ids (integers)") from None
+        try:
+            SamplingParams(logit_bias=parsed)
+        except (TypeError, ValueError) as e:
+            raise _bad("logit_bias", str(e)) from None
+        out["logit_bias"] = parsed
+    return out
+
+
+def _stop(body: Mapping[str, Any]) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise _bad("stop", "stop must be a string or a list of strings")
+    if any(not s for s in stops):
+        raise _bad("stop", "a stop string is empty")
+    return stops
+
+
+def _refuse(body: Mapping[str, Any], name: str, ok: Callable[[Any], bool], what: str) -> None:
+    if name in body and body[name] is not None and not ok(body[name]):
+        raise _bad(name, f"{name}={body[name]!r} is not supported: {what}")
+
+
+def _common(body: Mapping[str, Any]) -> None:
+    _refuse(body, "n", lambda v: v == 1, "one choice per request")
+    _refuse(body, "best_of", lambda v: v == 1, "one choice per request")
+    m = body.get("model")
+    if m is not None and not isinstance(m, str):
+        raise _bad("model", f"model must be a string, not {type(m).__name__}")
+
+
+def _include_usage(body: Mapping[str, Any]) -> bool:
+    so = body.get("stream_options")
+    if so is None:
+        return False
+    if not isinstance(so, dict):
+        raise _bad("stream_options", "stream_options must be an object")
+    return _opt_bool(so, "include_usage")
+
+
+def _prompt(body: Mapping[str, Any]) -> str | list[int]:
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]  # a batch of one
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and p and all(_is_int(i) for i in p):
+        return [int(i) for i in p]
+    if p is None:
+        raise _bad("prompt", "prompt is required")
+    raise _bad("prompt", "prompt must be a string or a list of token ids (batches of prompts are not supported)")
+
+
+def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("messages", "messages must be a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise _bad("messages", f"messages[{i}] must be an object with a string role")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            texts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise _bad("messages", f"messages[{i}].content: only text parts are supported")
+                texts.append(part["text"])
+            content = "".join(texts)
+        elif content is not None and not isinstance(content, str):
+            raise _bad("messages", f"messages[{i}].content must be a string or a list of text parts")
+        out.append({**m, "content": content if content is not None else ""})
+    return out
+
+
+# ---- metrics
+
+
+class _EngineCounters(Collector):
+    """The engine's own counters, read at each scrape."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterable[Metric]:
+        st = self.engine.stats()
+        yield CounterMetricFamily("pyinfer:scheduler_steps", "Scheduler steps run", value=st.steps)
+        yield CounterMetricFamily("pyinfer:decode_rows", "Sequence rows evaluated by decode steps",
+                                  value=st.decode_rows)
+
+
+class Metrics:
+    """The server's Prometheus metrics, in a registry of its own. llama.cpp's names where it
+    has one (the colon is legal in Prometheus names), `pyinfer:` for the rest."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.registry = r = CollectorRegistry()
+        self.prompt_tokens = Counter("llamacpp:prompt_tokens", "Prompt tokens evaluated", registry=r)
+        self.predicted = Counter("llamacpp:tokens_predicted", "Tokens sampled", registry=r)
+        self.requests = Counter("pyinfer:requests", "Requests finished", ["finish_reason"], registry=r)
+        Gauge("llamacpp:requests_processing", "Sequences running (prefill or decode)",
+              registry=r).set_function(lambda: engine.stats().running)
+        Gauge("llamacpp:requests_deferred", "Requests waiting for admission",
+              registry=r).set_function(lambda: engine.stats().waiting)
+        Gauge("llamacpp:kv_cache_usage_ratio", "KV bytes reserved by running sequences / budget",
+              registry=r).set_function(lambda: engine.stats().kv_bytes_in_use / engine.kv_budget_bytes)
+        Gauge("pyinfer:kv_cache_bytes_in_use", "KV cache bytes reserved by running sequences",
+              registry=r).set_function(lambda: engine.stats().kv_bytes_in_use)
+        Gauge("pyinfer:kv_cache_bytes_idle", "KV cache bytes kept idle for reuse",
+              registry=r).set_function(lambda: engine.stats().kv_bytes_idle)
+        Gauge("pyinfer:kv_cache_budget_bytes", "KV cache budget", registry=r).set(engine.kv_budget_bytes)
+        Gauge("pyinfer:batch_occupancy", "Sequences running / max_batch",
+              registry=r).set_function(lambda: engine.stats().running / engine.max_batch)
+        Gauge("pyinfer:batch_size", "Sequences in the last decode step",
+              registry=r).set_function(lambda: engine.stats().batch_size)
+        r.register(_EngineCounters(engine))
+        latency = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+        self.queue = Histogram("pyinfer:request_queue_time_seconds", "Waiting before prefill",
+                               buckets=latency, registry=r)
+        self.ttft = Histogram("pyinfer:time_to_first_token_seconds", "Arrival to first token",
+                              buckets=latency, registry=r)
+        self.itl = Histogram("pyinfer:inter_token_latency_seconds", "Between consecutive tokens",
+                             buckets=(0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5), registry=r)
+        self.e2e = Histogram("pyinfer:e2e_request_latency_seconds", "Arrival to last token",
+                             buckets=latency, registry=r)
+
+    def observe(self, req: Request) -> None:
+        """Called by the engine's thread as each request finishes."""
+        t = req.timings
+        self.prompt_tokens.inc(t.prompt_tokens if t.prefill_s > 0 else 0)
+        self.predicted.inc(t.sampled_tokens)
+        self.requests.labels(req.finish_reason or "none").inc()
+        self.queue.observe(t.queue_s)
+        if t.ttft_s is not None:
+            self.ttft.observe(t.ttft_s)
+        for dt in t.token_intervals_s[1:]:
+            self.itl.observe(dt)
+        self.e2e.observe(t.total_s)
+
+
+# ---- the app
+
+
+def _finish(reason: str | None) -> str:
+    return "stop" if reason == "stop" else "length"
+
+
+def _sse(obj: Any) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
+
+
+def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The HTTP app over `engine` (which it closes on shutdown). api_key: when given, every
+    route but /health needs `Authorization: Bearer <api_key>`."""
+    model = engine.model
+    tokenizer = model.tokenizer
+    metrics = Metrics(engine)
+    engine.on_finish = metrics.observe
+    expected = api_key.encode() if api_key else None
+
+    async def check_key(request: HTTPRequest) -> None:
+        if expected is None or request.url.path == "/health":
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+            raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
+                           type="authentication_error", code="invalid_api_key")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await run_in_threadpool(engine.close, 30)
+
+    app = FastAPI(title="pyinfer", dependencies=[Depends(check_key)], lifespan=lifespan)
+    app.state.engine = engine
+    app.state.metrics = metrics
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: HTTPRequest, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: HTTPRequest, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, str(exc.detail), type=kind).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
+        return APIError(400, str(exc)).response()
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: HTTPRequest, exc: Exception) -> JSONResponse:
+        return APIError(500, f"internal error: {exc!r}", type="server_error").response()
+
+    async def submit(prompt: str | list[int], kwargs: dict[str, Any], started: float,
+                     prompt_param: str) -> RequestHandle:
+        try:
+            return await run_in_threadpool(lambda: engine.submit(prompt, started=started, **kwargs))
+        except ContextOverflowError as e:
+            raise APIError(400, str(e), param=prompt_param, code="context_length_exceeded") from None
+        except OverloadedError as e:
+            raise APIError(503, str(e), type="server_error", code="overloaded",
+                           headers={"Retry-After": str(max(1, round(e.retry_after)))}) from None
+        except (TypeError, ValueError) as e:
+            field = next((f for f in (*kwargs, "prompt") if str(e).startswith(f)), None)
+            raise APIError(400, str(e), param=field) from None
+        except RuntimeError as e:  # closed
+            raise APIError(503, str(e), type="server_error") from None
+
+    async def result(handle: RequestHandle, request: HTTPRequest) -> Completion:
+        """The whole completion; a client that disconnects before it is done cancels it."""
+        task = asyncio.ensure_future(handle.aresult())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    handle.cancel()
+        finally:
+            if not task.done():  # the handler itself was cancelled
+                handle.cancel()
+                task.cancel()
+
+    def logprobs_of(ids: Sequence[int], lps: Any, offset: int) -> openai_types.CompletionLogprobs:
+        return openai_types.completion_logprobs(tokenizer, ids, list(lps or []), offset)
+
+    async def stream(handle: RequestHandle, events: Callable[[CompletionChunk], list[Any]],
+                     final: Callable[[], list[Any]]) -> AsyncIterator[str]:
+        try:
+            async for chunk in handle:
+                for ev in events(chunk):
+                    yield _sse(ev)
+            for ev in final():
+                yield _sse(ev)
+            yield "data: [DONE]\n\n"
+        except Exception as e:  # the status has gone out: the error becomes the last event
+            yield _sse({"error": {"message": f"internal error: {e!r}", "type": "server_error", "param": None,
+                                  "code": None}})
+        finally:
+            if not handle.finished:  # the client went away (or the stream failed): stop its sequence
+                handle.cancel()
+
+    def sse_response(body: AsyncIterator[str]) -> StreamingResponse:
+        return StreamingResponse(body, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    # -- routes
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if engine.closed:
+            return JSONResponse({"status": "error", "message": "the engine is closed"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def get_metrics() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [
+            {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "pyinfer",
+             "meta": {"n_ctx": engine.n_ctx, "n_vocab": model.n_vocab}},
+        ]})
+
+    @app.post("/tokenize")
+    async def tokenize(request: HTTPRequest) -> JSONResponse:
+        body = await _json_body(request, max_body_bytes)
+        content = body.get("content")
+        if not isinstance(content, str):
+            raise _bad("content", "content must be a string")
+        ids = tokenizer.tokenize(content, add_bos=_opt_bool(body, "add_special"), special=True)
+        if _opt_bool(body, "with_pieces"):
+            pieces = [{"id": i, "piece": tokenizer.detokenize([i]).decode("utf-8", errors="replace")} for i in ids]
+            return JSONResponse({"tokens": pieces})
+        return JSONResponse({"tokens": ids})
+
+    @app.post("/detokenize")
+    async def detokenize(request: HTTPRequest) -> JSONResponse:
+        body = await _json_body(request, max_body_bytes)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+            raise _bad("tokens", "tokens must be a list of token ids")
+        bad = next((i for i in ids if not 0 <= i < model.n_vocab), None)
+        if bad is not None:
+            raise _bad("tokens", f"token id {bad} is outside the vocabulary [0, {model.n_vocab})")
+        return JSONResponse({"content": tokenizer.detokenize(ids).decode("utf-8", errors="replace")})
+
+    @app.post("/v1/completions")
+    async def completions(request: HTTPRequest) -> Response:
+        started = time.perf_counter()
+        body = await _json_body(request, max_body_bytes)
+        _common(body)
+        _refuse(body, "echo", lambda v: v is False, "the prompt is not echoed")
+        _refuse(body, "suffix", lambda v: v == "", "no fill-in-the-middle")
+        prompt = _prompt(body)
+        max_tokens = _opt_int(body, "max_tokens", 0)
+        n_lp = _opt_int(body, "logprobs", 0, MAX_LOGPROBS)
+        streamed = _opt_bool(body, "stream")
+        include_usage = _include_usage(body)
+        kwargs = {**_sampling(body), "stop": _stop(body), "logprobs": n_lp,
+                  "max_tokens": 16 if "max_tokens" not in body else max_tokens}
+        handle = await submit(prompt, kwargs, started, "prompt")
+        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        prompt_text = prompt if isinstance(prompt, str) else ""
+
+        def shape(text: str, lp: Any, finish: str | None) -> openai_types.TextCompletion:
+            return openai_types.text_completion(cid, created, model_name, text, lp, finish)
+
+        if not streamed:
+            c = await result(handle, request)
+            lp = logprobs_of(c.token_ids, c.logprobs, len(prompt_text)) if n_lp is not None else None
+            out = shape(c.text, lp, _finish(c.finish_reason))
+            out["usage"] = openai_types.usage(c.prompt_tokens, len(c.token_ids))
+            out["timings"] = openai_types.server_timings(c.timings)
+            return JSONResponse(out)
+
+        offset = [len(prompt_text)]
+        n_out = [0]
+
+        def events(ch: CompletionChunk) -> list[Any]:
+            evs: list[Any] = []
+            lp = logprobs_of(ch.token_ids, ch.logprobs, offset[0]) if n_lp is not None and ch.token_ids else None
+            n_out[0] += len(ch.token_ids)
+            if ch.text:
+                evs.append(shape(ch.text, lp, None))
+                offset[0] += len(ch.text)
+                lp = None
+            if ch.finish_reason is not None:
+                last = shape("", lp, _finish(ch.finish_reason))
+                assert ch.timings is not None
+                last["timings"] = openai_types.server_timings(ch.timings)
+                evs.append(last)
+            return evs
+
+        def final() -> list[Any]:
+            if not include_usage:
+                return []
+            return [{"id": cid, "object": "text_completion", "created": created, "model": model_name,
+                     "choices": [], "usage": openai_types.usage(len(handle.request.prompt_ids), n_out[0])}]
+
+        return sse_response(stream(handle, events, final))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: HTTPRequest) -> Response:
+        started = time.perf_counter()
+        body = await _json_body(request, max_body_bytes)
+        _common(body)
+        messages = _messages(body)
+        _refuse(body, "response_format", lambda v: isinstance(v, dict) and v.get("type", "text") == "text",
+                "constrained output (JSON) is not implemented")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise _bad("tools", "tools must be a list")
+        _refuse(body, "tool_choice", lambda v: v in ("none", "auto"), "forcing a tool call needs constrained output")
+        max_tokens = _opt_int(body, "max_completion_tokens", 0)
+        if max_tokens is None:
+            max_tokens = _opt_int(body, "max_tokens", 0)
+        want_lp = _opt_bool(body, "logprobs")
+        top = _opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+        n_lp = (top or 0) if want_lp else None
+        streamed = _opt_bool(body, "stream")
+        include_usage = _include_usage(body)
+        template_kw = {"tools": tools} if tools is not None else {}
+        try:
+            ids = await run_in_threadpool(lambda: model.chat_template.encode(
+                tokenizer, messages, add_generation_prompt=True, **template_kw))
+        except (ValueError, ChatTemplateError) as e:
+            raise _bad("messages", str(e)) from None
+        kwargs = {**_sampling(body), "stop": _stop(body), "logprobs": n_lp, "max_tokens": max_tokens}
+        handle = await submit(ids, kwargs, started, "messages")
+        cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+
+        if not streamed:
+            c: Completion = await result(handle, request)
+            lp = openai_types.chat_logprobs(logprobs_of(c.token_ids, c.logprobs, 0)) if n_lp is not None else None
+            out: openai_types.ChatCompletion = {
+                "id": cid, "object": "chat.completion", "created": created, "model": model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                             "logprobs": lp, "finish_reason": _finish(c.finish_reason)}],
+                "usage": openai_types.usage(c.prompt_tokens, len(c.token_ids)),
+                "timings": openai_types.server_timings(c.timings),
+            }
+            return JSONResponse(out)
+
+        first = [True]
+        n_out = [0]
+
+        def events(ch: CompletionChunk) -> list[Any]:
+            evs: list[Any] = []
+            if first[0]:
+                first[0] = False
+                evs.append(openai_types.chat_chunk(cid, model_name, created, {"role": "assistant", "content": ""},
+                                                   None, None))
+            lp = None
+            if n_lp is not None and ch.token_ids:
+                lp = openai_types.chat_logprobs(logprobs_of(ch.token_ids, ch.logprobs, 0))
+            n_out[0] += len(ch.token_ids)
+            if ch.text:
+                evs.append(openai_types.chat_chunk(cid, model_name, created, {"content": ch.text}, lp, None))
+                lp = None
+            if ch.finish_reason is not None:
+                last = openai_types.chat_chunk(cid, model_name, created, {}, lp, _finish(ch.finish_reason))
+                assert ch.timings is not None
+                last["timings"] = openai_types.server_timings(ch.timings)
+                evs.append(last)
+            return evs
+
+        def final() -> list[Any]:
+            if not include_usage:
+                return []
+            return [{"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                     "choices": [], "usage": openai_types.usage(len(handle.request.prompt_ids), n_out[0])}]
+
+        return sse_response(stream(handle, events, final))
+
+    return app
+
+
+def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          n_threads: int | None = None, n_ctx: int = 4096, precision: str = "fast", max_batch: int = 16,
+          token_budget: int = 256, kv_budget_bytes: int | None = None, max_queue: int = 64,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info") -> None:
+    """Load a model and serve it until interrupted (what `pyinfer serve` runs)."""
+    import uvicorn
+
+    from pyinfer.model import Model
+    from pyinfer.registry import resolve_model
+
+    path = resolve_model(model)
+    m = Model.load(path, n_ctx=n_ctx, n_threads=n_threads, precision=precision)
+    engine = Engine(m, max_batch=max_batch, token_budget=token_budget, kv_budget_bytes=kv_budget_bytes,
+                    max_queue=max_queue)
+    app = create_app(engine, model_name=path.stem, api_key=api_key, max_body_bytes=max_body_bytes)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
+    finally:
+        engine.close(30)

@@ -1,0 +1,302 @@
+"""`pyinfer serve` as a real process on loopback, driven by the official openai client: the
+routes, streamed and whole, stop strings, logprobs, errors, the API key, concurrent streams
+identical to the same requests one at a time, and a disconnect freeing its KV memory."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from pyinfer import Engine, Model
+
+KEY = "sk-test-0123456789"
+N_CTX = 512
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(default_model, tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pyinfer", "serve", "--model", str(default_model), "--port", str(port),
+             "--ctx", str(N_CTX), "--api-key", KEY, "--max-body-bytes", "65536", "--log-level", "warning"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYINFER_API_KEY": ""},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"pyinfer serve exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"pyinfer serve did not answer /health:\n{log.read_text()}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(default_model):
+    return Model.load(default_model, n_ctx=N_CTX)
+
+
+def metrics(url: str) -> dict[str, float]:
+    r = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 200
+    out = {}
+    for line in r.text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+PROMPT = "The capital of France is"
+
+
+def test_completion_whole_and_streamed(client, model):
+    want = model.generate(PROMPT, max_tokens=8, temperature=0, logprobs=2)
+    r = client.completions.create(model="x", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2)
+    c = r.choices[0]
+    assert c.text == want.text and c.finish_reason == "length"
+    assert r.usage.completion_tokens == 8 and r.usage.prompt_tokens == len(model.tokenize(PROMPT))
+    assert c.logprobs.token_logprobs == [lp.logprob for lp in want.logprobs]
+    assert all(len(top) >= 2 for top in c.logprobs.top_logprobs)
+    t = r.model_extra["timings"]
+    assert t["prompt_n"] == r.usage.prompt_tokens and t["predicted_n"] == 8 and t["cache_n"] == 0
+    assert t["ttft_ms"] >= t["prompt_ms"] > 0 and t["queue_ms"] >= 0 and t["tokenize_ms"] >= 0
+
+    chunks = list(client.completions.create(model="x", prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == want.text
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+
+
+def test_chat_whole_and_streamed(client, model):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    want = model.chat(messages, max_tokens=8, temperature=0)
+    r = client.chat.completions.create(model="x", messages=messages, max_tokens=8, temperature=0,
+                                       logprobs=True, top_logprobs=1)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want.text
+    assert len(r.choices[0].logprobs.content) == len(want.token_ids) == r.usage.completion_tokens
+    assert r.model_extra["timings"]["predicted_n"] >= len(want.token_ids)
+
+    chunks = list(client.chat.completions.create(model="x", messages=messages, max_tokens=8, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [ch.choices[0].delta.content or "" for ch in chunks if ch.choices]
+    assert "".join(content) == want.text
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finishes[-1] == want.finish_reason and all(f is None for f in finishes[:-1])
+    assert "timings" in chunks[-2].model_extra
+    assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
+
+
+def test_stop_strings(client):
+    full = client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
+    words = re.findall(r"[A-Za-z]{3,}", full)
+    assert len(words) >= 2, full
+    stop = words[1]
+    want = full[: full.index(stop)]
+    r = client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop, "@@@"])
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    streamed = list(client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=0, stop=stop,
+                                              stream=True))
+    assert "".join(ch.choices[0].text for ch in streamed) == want
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_errors_are_openai_shaped(client, server):
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model="x", prompt=[100] * 600, max_tokens=4)
+    assert ei.value.status_code == 400
+    assert "600" in ei.value.message and str(N_CTX) in ei.value.message
+    assert ei.value.body["code"] == "context_length_exceeded" and ei.value.body["param"] == "prompt"
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "word " * 700}])
+    assert ei.value.body["param"] == "messages" and str(N_CTX) in ei.value.message
+    for kwargs, field in [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 2}, "top_p"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"logprobs": 99}, "logprobs"),
+        ({"n": 2}, "n"),
+        ({"stop": [""]}, "stop"),
+        ({"extra_body": {"seed": "abc"}}, "seed"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.completions.create(model="x", prompt=PROMPT, **kwargs)
+        assert ei.value.body["param"] == field, (kwargs, ei.value.body)
+        assert ei.value.body["type"] == "invalid_request_error" and field in ei.value.message
+
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(f"{server}/v1/completions", content=b"{not json", headers=auth)
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(f"{server}/v1/completions", content=b"x" * 70000, headers=auth)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    r = httpx.get(f"{server}/v1/nothing", headers=auth)
+    assert r.status_code == 404 and "message" in r.json()["error"]
+
+
+def test_api_key_refused_and_accepted(server, client):
+    bad = openai.OpenAI(base_url=f"{server}/v1", api_key="sk-wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as ei:
+        bad.models.list()
+    assert ei.value.status_code == 401 and ei.value.body["code"] == "invalid_api_key"
+    assert httpx.get(f"{server}/metrics").status_code == 401
+    assert httpx.post(f"{server}/tokenize", json={"content": "hi"}).status_code == 401
+    assert httpx.get(f"{server}/health").json() == {"status": "ok"}  # open to orchestrators
+    assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct.Q4_1"]
+
+
+def test_tokenize_and_detokenize(server, model):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    text = "Hello, world! Ünïcode"
+    r = httpx.post(f"{server}/tokenize", json={"content": text}, headers=auth).json()
+    assert r["tokens"] == model.tokenize(text, add_bos=False, special=True)
+    r2 = httpx.post(f"{server}/detokenize", json={"tokens": r["tokens"]}, headers=auth).json()
+    assert r2["content"] == text
+    bad = httpx.post(f"{server}/detokenize", json={"tokens": [10**9]}, headers=auth)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+PROMPTS = [f"Write one sentence about {w}:" for w in
+           ("rivers", "owls", "copper", "tea", "winter", "bridges", "chess", "salt", "clocks", "bees", "maps",
+            "rain")]
+
+
+def test_concurrent_streams_equal_one_at_a_time(server):
+    async def one(c: openai.AsyncOpenAI, i: int) -> tuple[str, list[float]]:
+        text, lps = [], []
+        stream = await c.chat.completions.create(
+            model="x", messages=[{"role": "user", "content": PROMPTS[i]}], max_tokens=10, temperature=0.6,
+            seed=1000 + i, logprobs=True, stream=True)
+        async for ch in stream:
+            if ch.choices:
+                text.append(ch.choices[0].delta.content or "")
+                if ch.choices[0].logprobs:
+                    lps += [t.logprob for t in ch.choices[0].logprobs.content]
+        return "".join(text), lps
+
+    async def run(concurrent: bool) -> list[tuple[str, list[float]]]:
+        async with openai.AsyncOpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=120) as c:
+            if concurrent:
+                return list(await asyncio.gather(*(one(c, i) for i in range(len(PROMPTS)))))
+            return [await one(c, i) for i in range(len(PROMPTS))]
+
+    alone = asyncio.run(run(False))
+    before = metrics(server)
+    together = asyncio.run(run(True))
+    after = metrics(server)
+    assert together == alone
+    assert len({t for t, _ in alone}) == len(PROMPTS) and all(lps for _, lps in alone)
+    # They ran as a batch: many more sequence rows than decode steps.
+    rows = after["pyinfer:decode_rows_total"] - before["pyinfer:decode_rows_total"]
+    steps = after["pyinfer:scheduler_steps_total"] - before["pyinfer:scheduler_steps_total"]
+    assert rows > 3 * steps
+    assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] >= 10 * len(PROMPTS)
+    assert after["llamacpp:requests_processing"] == 0 and after["pyinfer:kv_cache_bytes_in_use"] == 0
+
+
+def test_disconnect_mid_stream_frees_the_sequence(server):
+    base = metrics(server)
+    assert base["pyinfer:kv_cache_bytes_in_use"] == 0
+    cancelled = 'pyinfer:requests_total{finish_reason="cancelled"}'
+    body = {"model": "x", "messages": [{"role": "user", "content": "Tell me a long story."}],
+            "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.Client(timeout=60) as h, h.stream("POST", f"{server}/v1/chat/completions", json=body,
+                                                  headers={"Authorization": f"Bearer {KEY}"}) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        events = []
+        for line in lines:
+            if line.startswith("data: {"):
+                events.append(json.loads(line[6:]))
+            if len(events) >= 4:
+                break
+        during = metrics(server)
+        assert during["llamacpp:requests_processing"] == 1 and during["pyinfer:kv_cache_bytes_in_use"] > 0
+    # The client has gone: the sequence ends and its reservation returns within a step.
+    deadline = time.monotonic() + 10
+    while True:
+        m = metrics(server)
+        if m["pyinfer:kv_cache_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0:
+            break
+        assert time.monotonic() < deadline, m
+        time.sleep(0.05)
+    assert m.get(cancelled, 0) == base.get(cancelled, 0) + 1
+    assert m["llamacpp:tokens_predicted_total"] - base["llamacpp:tokens_predicted_total"] < 100
+    assert m["pyinfer:kv_cache_budget_bytes"] > 0 and m["pyinfer:batch_occupancy"] == 0
+
+    # A client that gives up on a whole (not streamed) completion cancels it too.
+    body["stream"] = False
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                   timeout=httpx.Timeout(10, read=1.0))
+    deadline = time.monotonic() + 10
+    while True:
+        m = metrics(server)
+        if m.get(cancelled, 0) == base.get(cancelled, 0) + 2:
+            break
+        assert time.monotonic() < deadline, m
+        time.sleep(0.05)
+    assert m["pyinfer:kv_cache_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0
+
+
+def test_overload_answers_503_and_the_server_keeps_serving(model):
+    from starlette.testclient import TestClient
+
+    from pyinfer.server import create_app
+
+    with Engine(model) as probe:
+        one = probe.kv_bytes_for(256)
+    engine = Engine(model, kv_budget_bytes=one + one // 2, max_queue=1)
+    app = create_app(engine, model_name="m")
+    with TestClient(app) as tc:
+        a = engine.submit(PROMPT, max_tokens=200, temperature=0)
+        next(a)  # running, holding the whole budget
+        b = engine.submit(PROMPT, max_tokens=4, temperature=0)  # queued
+        r = tc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})
+        assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "overloaded"
+        assert "llamacpp:requests_deferred 1.0" in tc.get("/metrics").text
+        a.cancel()
+        assert b.result(60).finish_reason == "length"
+        r = tc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    assert engine.closed  # the app's shutdown closed it
