@@ -29,8 +29,26 @@ HOSTILE = {
     "doubling with +": ("{% set ns = namespace(s='ab') %}{% for i in range(60) %}{% set ns.s = ns.s + ns.s %}"
                         "{% endfor %}", "a value of"),
     "output": ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "characters of output"),
-    "center": ("{{ 'a' | center(10 ** 9) }}", "a width of 1,000,000,000"),
-    "indent": ("{{ 'a\nb' | indent(10 ** 9) }}", "a width of"),
+    "center": ("{{ 'a' | center(10 ** 9) }}", "an argument of 1,000,000,000"),
+    "indent": ("{{ 'a\nb' | indent(10 ** 9) }}", "an argument of"),
+    "exponential macro recursion": ("{% macro f(n) %}{% if n > 0 %}{{ f(n-1) }}{{ f(n-1) }}{% endif %}{% endmacro %}"
+                                    "{{ f(60) }}", "rendering took more than 0.3 s"),
+    "exponential caller recursion": ("{% macro g(n) %}{% if n > 0 %}{{ caller(n-1) }}{{ caller(n-1) }}{% endif %}"
+                                     "{% endmacro %}{% macro f(n) %}{% call(m) g(n) %}{{ f(m) }}{% endcall %}"
+                                     "{% endmacro %}{{ f(40) }}", "rendering took more than 0.3 s"),
+    "recursive loop": ("{% for x in [1, 2] recursive %}{% if loop.depth < 60 %}{{ loop([1, 2]) }}{% endif %}"
+                       "{% endfor %}", "rendering took more than 0.3 s"),
+    "sorting a huge list": ("{% set a = (range(99999) | list) * 20 %}{{ a | sort | length }}", "repeating 99,999"),
+    "filter over a huge list": ("{{ ((range(99999) | list) * 160) | select('odd') | list }}", "repeating"),
+    "big integer": ("{% set a = 7 ** 3000000 %}", "digits"),
+    "big integer product": ("{% set a = 7 ** 4000 %}{% set b = a * a * a %}", "integer product too large"),
+    "ljust": ("{{ 'a'.ljust(300000000) }}", "an argument of 300,000,000"),
+    "expandtabs": ("{{ ('\t' * 1000).expandtabs(300000) }}", "a value of"),
+    "star width": ("{{ '%*d' % (300000000, 1) }}", "an argument of 300,000,000"),
+    "nested format width": ("{{ '{:{}}'.format(1, 300000000) }}", "an argument of 300,000,000"),
+    "replace growth": ("{% set s = 'a' * 20000 %}{{ s.replace('a', s) | length }}", "a replacement building"),
+    "slice": ("{{ range(3) | slice(100000000) | list }}", "an argument of 100,000,000"),
+    "batch": ("{{ range(3) | batch(100000000, 'x') | list }}", "an argument of 100,000,000"),
     "percent format": ("{{ '%999999999d' % 1 }}", "format width"),
     "str.format": ("{{ '{:999999999}'.format(1) }}", "format width"),
     "recursion": ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deeply"),
@@ -73,13 +91,16 @@ def test_other_threads_run_while_a_template_loops() -> None:
     finally:
         stop.set()
         t.join()
-    assert ticks > 100  # about 1 s of 1 ms sleeps, had the GIL not been held throughout
+    assert ticks > 20  # about 1 s of 1 ms sleeps: none, had the GIL been held throughout
 
 
 def test_ordinary_templates_are_unchanged() -> None:
     src = ("{% for m in messages %}{{ '<|' ~ m['role'] ~ '|>' }}{{ m['content'] | trim }}\n{% endfor %}"
            "{% if add_generation_prompt %}{{ '%s:' % 'assistant' }}{{ '{:>3}'.format('x') }}{% endif %}")
     assert ChatTemplate(src).render(MSGS) == "<|user|>hi\nassistant:  x"
-    # The deadline is checked every 256 loop steps, and per rendering.
-    t = ChatTemplate("{% for i in range(5) %}{{ i }}{% endfor %}", limits=RenderLimits(seconds=0.001))
-    assert t.render(MSGS) == "01234"
+    # The deadline is per rendering: one that ran out does not spoil the next.
+    t = ChatTemplate(HOSTILE["nested loops"][0], limits=FAST)
+    with pytest.raises(ChatTemplateError):
+        t.render(MSGS)
+    assert ChatTemplate("{% for i in range(5) %}{{ i }}{% endfor %}", limits=FAST).render(MSGS) == "01234"
+    assert "lipsum" not in src

@@ -11,11 +11,13 @@ lstrip_blocks, the loop controls, a `tojson` filter that keeps non-ASCII text, a
 globals `raise_exception` and `strftime_now`; variables `messages`, `add_generation_prompt`,
 `bos_token`, `eos_token` (and `tools` when given).
 
-Rendering is bounded as well: a template that loops for ever, computes a number of
-millions of digits (which would hold the GIL for minutes), or builds gigabytes of text is
-stopped with ChatTemplateError. Every loop's iterations are counted against a time limit,
-`**`, `*` and `+` refuse results past a size limit before computing them, string joins
-(`~`) and width-taking filters are checked, and the output is capped (`ChatTemplate.limits`).
+Rendering is bounded as well (`RenderLimits`): a template that loops or recurses for ever,
+computes a number of millions of digits (which would hold the GIL for minutes), or builds
+gigabytes of text is stopped with ChatTemplateError. Every loop step, call (macros, caller(),
+methods) and filter checks a deadline; `**`, `*`, `+` and `%` refuse results past a size
+limit before computing them; integer arguments of millions (widths, counts) are refused;
+every value a call, filter or `~` join makes is size-checked, and the output is capped. With
+values held under a million items, no single operation holds the GIL for long.
 
 A rendered prompt already holds its special tokens as text, so it is tokenized with
 add_bos=False, special=True (what llama-cpp-python does): see `ChatTemplate.encode`.
@@ -83,12 +85,15 @@ class _GenerationTag(jinja2.ext.Extension):
 
 @dataclass(frozen=True)
 class RenderLimits:
-    """What one rendering may spend: wall time (checked at every loop iteration), characters
-    of output, and the size of any one value (string, list, or integer in decimal digits)."""
+    """What one rendering may spend: wall time (checked at every loop step and every call),
+    characters of output, the size of any one value (string or list) and of any integer (in
+    decimal digits). No template needs values of millions of items or numbers of thousands of
+    digits; refusing them keeps every single operation short, so none holds the GIL long."""
 
     seconds: float = 2.0
     output_chars: int = 16 << 20
-    value_size: int = 16 << 20
+    value_size: int = 1 << 20
+    int_digits: int = 10_000
 
 
 class _Budget(threading.local):
@@ -96,7 +101,6 @@ class _Budget(threading.local):
 
     limits: RenderLimits | None = None
     deadline: float = 0.0
-    ticks: int = 0
 
 
 _budget = _Budget()
@@ -110,19 +114,31 @@ def _over(what: str) -> NoReturn:
     raise ChatTemplateError(f"the chat template exceeded its limits: {what}")
 
 
+def _tick() -> None:
+    if time.monotonic() > _budget.deadline:
+        _over(f"rendering took more than {_limits().seconds:g} s (a loop or recursion that does not end?)")
+
+
 def _check_size(value: Any) -> Any:
     """value, unless a string or sequence longer than the value-size limit."""
-    if isinstance(value, (str, bytes, list, tuple)) and len(value) > _limits().value_size:
+    if isinstance(value, (str, bytes, list, tuple, dict)) and len(value) > _limits().value_size:
         _over(f"a value of {len(value):,} items (limit {_limits().value_size:,})")
     return value
+
+
+def _check_args(args: Iterable[Any]) -> None:
+    """Refuse integer arguments past the value-size limit: widths, counts and repeats of
+    millions (ljust, center, batch, slice, '%*d', '{:{}}'...) build values that large."""
+    limit = _limits().value_size
+    for a in args:
+        if isinstance(a, int) and not isinstance(a, bool) and abs(a) > limit:
+            _over(f"an argument of {a:,} (limit {limit:,})")
 
 
 def _loop_guard(iterable: Iterable[Any]) -> Iterator[Any]:
     """Every loop iterates through this: the deadline is checked at each step."""
     for item in iterable:
-        _budget.ticks += 1
-        if _budget.ticks & 255 == 0 and time.monotonic() > _budget.deadline:
-            _over(f"rendering took more than {_limits().seconds:g} s (a loop that does not end?)")
+        _tick()
         yield item
 
 
@@ -140,27 +156,42 @@ def _int_digits(x: int) -> float:
 
 
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, with loops, arithmetic and string building bounded."""
+    """The immutable sandbox, with loops, calls, arithmetic and string building bounded."""
 
     intercepted_binops = frozenset({"**", "*", "+", "%"})
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        limit = _limits().value_size
+        lim = _limits()
         if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0:
-            if abs(left) > 1 and right * _int_digits(left) > limit:
+            if abs(left) > 1 and right * _int_digits(left) > lim.int_digits:
                 _over(f"{left} ** {right} would have about {right * _int_digits(left):,.0f} digits")
         elif operator == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and len(seq) * n > limit:
+                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and len(seq) * n > lim.value_size:
                     _over(f"repeating {len(seq):,} items {n:,} times")
-            if isinstance(left, int) and isinstance(right, int) and _int_digits(left) + _int_digits(right) > limit:
+            both_int = isinstance(left, int) and isinstance(right, int)
+            if both_int and _int_digits(left) + _int_digits(right) > lim.int_digits:
                 _over("an integer product too large")
         elif operator == "%" and isinstance(left, str):
             _check_widths(left)
+            _check_args(right if isinstance(right, tuple) else right.values() if isinstance(right, dict) else [right])
         elif (operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple))
-              and len(left) + len(right) > limit):
-            _over(f"a value of {len(left) + len(right):,} items (limit {limit:,})")
-        return super().call_binop(context, operator, left, right)
+              and len(left) + len(right) > lim.value_size):
+            _over(f"a value of {len(left) + len(right):,} items (limit {lim.value_size:,})")
+        return _check_size(super().call_binop(context, operator, left, right))
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        # Macros, caller(), loop() of recursive loops and methods all come through here.
+        _tick()
+        _check_args(args)
+        _check_args(kwargs.values())
+        if isinstance(getattr(__obj, "__self__", None), str) and getattr(__obj, "__name__", "") == "replace":
+            s, old, new = __obj.__self__, args[0] if args else "", args[1] if len(args) > 1 else ""
+            if isinstance(old, str) and isinstance(new, str) and old and len(new) > len(old):
+                grows = s.count(old) * (len(new) - len(old))
+                if len(s) + grows > _limits().value_size:
+                    _over(f"a replacement building {len(s) + grows:,} characters")
+        return _check_size(super().call(__context, __obj, *args, **kwargs))
 
     def wrap_str_format(self, value: Any) -> Any:
         wrapped = super().wrap_str_format(value)
@@ -189,17 +220,21 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         return tree
 
 
-def _bounded_filter(f: Any, *width_args: int) -> Any:
-    """A filter whose arguments at these positions are widths: refused past the size limit."""
+def _bounded_filter(f: Any) -> Any:
+    """A filter whose integer arguments and result are held to the limits, with the deadline
+    checked before it runs (filters do not come through Environment.call)."""
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        for i in width_args:
-            if i < len(args) and isinstance(args[i], int) and args[i] > _limits().value_size:
-                _over(f"a width of {args[i]:,}")
+        _tick()
+        _check_args(args)
+        _check_args(kwargs.values())
+        for a in args:
+            _check_size(a)
         return _check_size(f(*args, **kwargs))
 
     wrapped.__name__ = getattr(f, "__name__", "filter")
-    for attr in ("jinja_pass_arg",):  # keep how jinja passes the environment or context
+    # Keep how jinja passes the environment, context or eval context to the filter.
+    for attr in ("jinja_pass_arg",):
         if hasattr(f, attr):
             setattr(wrapped, attr, getattr(f, attr))
     return wrapped
@@ -213,13 +248,11 @@ def _environment() -> ImmutableSandboxedEnvironment:
         autoescape=False,
     )
     env.filters["tojson"] = _tojson
-    # Filters that take a width, or build a string from a sequence.
-    env.filters["center"] = _bounded_filter(env.filters["center"], 1)
-    env.filters["indent"] = _bounded_filter(env.filters["indent"], 1)
-    env.filters["wordwrap"] = _bounded_filter(env.filters["wordwrap"], 2)
-    env.filters["join"] = _bounded_filter(env.filters["join"])
-    env.filters["replace"] = _bounded_filter(env.filters["replace"])
-    env.filters["format"] = _bounded_filter(env.filters["format"])
+    for name, f in list(env.filters.items()):
+        env.filters[name] = _bounded_filter(f)
+    env.tests = {name: _bounded_filter(t) for name, t in env.tests.items()}
+    del env.globals["lipsum"]  # placeholder text, of any length asked: no template needs it
+    env.globals["range"] = _bounded_filter(env.globals["range"])
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["_pyinfer_loop"] = _loop_guard
@@ -352,8 +385,8 @@ class ChatTemplate:
         }
         if tools is not None:
             context["tools"] = tools
-        outer = (_budget.limits, _budget.deadline, _budget.ticks)
-        _budget.limits, _budget.deadline, _budget.ticks = self.limits, time.monotonic() + self.limits.seconds, 0
+        outer = (_budget.limits, _budget.deadline)
+        _budget.limits, _budget.deadline = self.limits, time.monotonic() + self.limits.seconds
         try:
             parts, n = [], 0
             for part in self._template.generate(**context):
@@ -369,7 +402,7 @@ class ChatTemplate:
         except (jinja2.TemplateError, ArithmeticError, TypeError, ValueError, LookupError, AttributeError) as e:
             raise ChatTemplateError(f"the chat template failed: {type(e).__name__}: {e}") from e
         finally:
-            _budget.limits, _budget.deadline, _budget.ticks = outer
+            _budget.limits, _budget.deadline = outer
 
     def encode(
         self,
