@@ -40,6 +40,7 @@ REFUSED_KEYS = [
     ("llama.attention.value_length", (8, ValueType.UINT32), "differs from the key length 16"),
     ("llama.vocab_size", (1000, ValueType.UINT32), "llama.vocab_size = 1000 but token_embd.weight has 260 rows"),
     ("split.count", (3, ValueType.UINT16), "split across 3 files"),
+    ("split.count", "two", "split.count = two"),
     ("llama.attention.head_count", (0, ValueType.UINT32), "llama.attention.head_count = 0 must be positive"),
     ("llama.attention.head_count_kv", (3, ValueType.UINT32), "head_count_kv = 3 does not divide"),
     ("llama.context_length", (0, ValueType.UINT32), "llama.context_length = 0 must be positive"),
@@ -228,6 +229,13 @@ def test_rope_factors_of_one_change_nothing(tmp_path: Path) -> None:
     plain = Model.load(write(tmp_path, "a.gguf"))
     ones = Model.load(write(tmp_path, "b.gguf", tensors={"rope_freqs.weight": np.ones(SHAPE.head_dim // 2, np.float32)}))
     np.testing.assert_array_equal(ones.logits(IDS), plain.logits(IDS))
+
+
+def test_legacy_linear_scaling_key_defers_to_the_new_one(tmp_path: Path) -> None:
+    both = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0, "llama.rope.scale_linear": 4.0}
+    assert describe(GGUFReader(write(tmp_path, "a.gguf", metadata=both))).config.rope_freq_scale == 0.25
+    legacy = {"llama.rope.scale_linear": 2.0}
+    assert describe(GGUFReader(write(tmp_path, "b.gguf", metadata=legacy))).config.rope_freq_scale == 0.5
 
 
 def test_linear_rope_scaling_matches_an_independent_forward(tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ class Architecture:
                     continue
                 raise UnsupportedModelError(f"{key} = {_show(value)} is not supported by the {self.name} architecture")
             if key.startswith("split."):
-                if key == "split.count" and int(value) > 1:
+                if key == "split.count" and (isinstance(value, bool) or not isinstance(value, int) or value > 1):
                     raise UnsupportedModelError(
                         f"split.count = {value}: the model is split across {value} files; merge them first"
                     )

@@ -63,7 +63,7 @@ def _config(arch: Architecture, md: Mapping[str, Any], shapes: Mapping[str, tupl
     else:
         raise UnsupportedModelError(f"{arch.key('rope.scaling.type')} = {scaling!r} is not supported")
     legacy = md.get(arch.key("rope.scale_linear"))
-    if legacy is not None:  # older converters' spelling of linear scaling
+    if legacy is not None and arch.key("rope.scaling.type") not in md:  # older converters' linear scaling
         if not float(legacy) > 0:
             raise UnsupportedModelError(f"{arch.key('rope.scale_linear')} = {legacy} must be positive")
         freq_scale /= float(legacy)
