@@ -9,14 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "bandwidth.h"
-#include "cpu_features.h"
-#include "dispatch.h"
-#include "kv_cache.h"
-#include "ops.h"
-#include "matmul.h"
+#include "probes/bandwidth.h"
+#include "runtime/cpu_features.h"
+#include "runtime/dispatch.h"
+#include "ops/kv_cache.h"
+#include "ops/ops.h"
+#include "ops/matmul.h"
 #include "models/model.h"
-#include "threadpool.h"
+#include "runtime/threadpool.h"
 
 namespace py = pybind11;
 using namespace pyinfer;

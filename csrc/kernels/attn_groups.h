@@ -6,7 +6,7 @@
 #pragma once
 #include <cstdint>
 
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 
 // The attention kernels' short loops over queries, key blocks and output chunks have compile-time
 // counts; unrolling them where they are written lets GCC keep the accumulator arrays in

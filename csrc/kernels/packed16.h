@@ -14,7 +14,7 @@
 #pragma once
 #include <cstdint>
 
-#include "quant_blocks.h"
+#include "kernels/quant_blocks.h"
 
 namespace pyinfer {
 

@@ -6,9 +6,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 #include "models/model.h"
-#include "ops.h"
+#include "ops/ops.h"
 
 namespace pyinfer {
 

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "kv_cache.h"
-#include "matmul.h"
-#include "threadpool.h"
+#include "ops/kv_cache.h"
+#include "ops/matmul.h"
+#include "runtime/threadpool.h"
 
 namespace pyinfer {
 

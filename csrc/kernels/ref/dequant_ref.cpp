@@ -8,8 +8,8 @@
 // d*(sc*q) differ in the sign of a zero.
 #include <cstring>
 
-#include "dispatch.h"
-#include "half.h"
+#include "runtime/dispatch.h"
+#include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 
 namespace pyinfer {

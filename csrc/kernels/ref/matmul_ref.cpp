@@ -7,8 +7,8 @@
 // and products but may add them in another order.
 #include <cmath>
 
-#include "dispatch.h"
-#include "half.h"
+#include "runtime/dispatch.h"
+#include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
 

@@ -7,8 +7,8 @@
 // derived from float32's epsilon (see tests/test_ops.py and tests/test_attention.py).
 #include <cmath>
 
-#include "dispatch.h"
-#include "half.h"
+#include "runtime/dispatch.h"
+#include "kernels/half.h"
 
 namespace pyinfer {
 namespace {

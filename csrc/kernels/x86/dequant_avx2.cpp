@@ -4,8 +4,8 @@
 // compiled with these flags into a portable caller. Results match dequant_ref.cpp bit for bit.
 #include <immintrin.h>
 
-#include "dispatch.h"
-#include "half.h"
+#include "runtime/dispatch.h"
+#include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 
 namespace pyinfer {

@@ -5,8 +5,8 @@
 // dequant_ref.cpp bit for bit.
 #include <immintrin.h>
 
-#include "dispatch.h"
-#include "half.h"
+#include "runtime/dispatch.h"
+#include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 
 namespace pyinfer {

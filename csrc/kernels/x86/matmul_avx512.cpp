@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
 

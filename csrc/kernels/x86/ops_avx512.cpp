@@ -6,9 +6,9 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 #include "kernels/attn_groups.h"
-#include "half.h"
+#include "kernels/half.h"
 
 namespace pyinfer {
 namespace {

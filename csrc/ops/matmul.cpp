@@ -1,5 +1,5 @@
 // matmul.cpp: splits a matmul over the thread pool and feeds the active ISA's row kernels.
-#include "matmul.h"
+#include "ops/matmul.h"
 
 #include <chrono>
 #include <memory>
@@ -9,9 +9,9 @@
 
 #include <cstring>
 
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 #include "kernels/packed16.h"
-#include "threadpool.h"
+#include "runtime/threadpool.h"
 
 namespace pyinfer {
 namespace {

@@ -1,10 +1,10 @@
 // ops.cpp: portable drivers for the small ops (row loops, embedding lookup).
-#include "ops.h"
+#include "ops/ops.h"
 
 #include <stdexcept>
 #include <string>
 
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 #include "kernels/rope_angles.h"
 
 namespace pyinfer {

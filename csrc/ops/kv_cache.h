@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 
 namespace pyinfer {
 

@@ -1,5 +1,5 @@
 // bandwidth.cpp: the read-bandwidth probe's driver; the inner loop comes from the ISA table.
-#include "bandwidth.h"
+#include "probes/bandwidth.h"
 
 #include <atomic>
 #include <chrono>
@@ -14,7 +14,7 @@
 #include <sys/mman.h>
 #endif
 
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 
 namespace pyinfer {
 

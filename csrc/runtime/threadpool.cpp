@@ -1,5 +1,5 @@
 // threadpool.cpp: the persistent worker pool behind pool_run / parallel_for.
-#include "threadpool.h"
+#include "runtime/threadpool.h"
 
 #include <pthread.h>
 

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "kernels/q8_act.h"
-#include "quant_blocks.h"
+#include "kernels/quant_blocks.h"
 
 namespace pyinfer {
 

@@ -1,11 +1,11 @@
 // dispatch.cpp: builds one kernel table per compiled ISA and picks the active one.
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 
 #include <atomic>
 #include <cstdlib>
 #include <stdexcept>
 
-#include "cpu_features.h"
+#include "runtime/cpu_features.h"
 
 namespace pyinfer {
 

@@ -1,6 +1,6 @@
 // kv_cache.cpp: the KV cache's storage and append, and the attention driver over the
 // per-ISA attention kernels (portable code: compiled with no ISA flags).
-#include "kv_cache.h"
+#include "ops/kv_cache.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "threadpool.h"
+#include "runtime/threadpool.h"
 
 namespace pyinfer {
 
