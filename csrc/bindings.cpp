@@ -11,7 +11,7 @@
 
 #include "probes/bandwidth.h"
 #include "runtime/cpu_features.h"
-#include "runtime/dispatch.h"
+#include "runtime/isa.h"
 #include "ops/kv_cache.h"
 #include "ops/ops.h"
 #include "ops/matmul.h"
@@ -56,7 +56,7 @@ py::dict cpu_info() {
   out["features"] = features;
   out["compiled"] = compiled;
   out["available"] = available;
-  out["isa"] = isa_name(kernels().isa);
+  out["isa"] = isa_name(active_isa());
   return out;
 }
 
@@ -90,8 +90,7 @@ py::array_t<float> dequantize(uint32_t type, py::array_t<uint8_t, py::array::c_s
                               int64_t n) {
   const TypeSize ts = type_size(type);
   if (ts.block_elems == 0) throw py::value_error("unsupported tensor type id " + std::to_string(type));
-  const DequantRowFn fn = type < GGML_TYPE_SLOTS ? kernels().dequant_row[type] : nullptr;
-  if (fn == nullptr) throw py::value_error("no dequantization kernel for type id " + std::to_string(type));
+  if (!has_dequant_kernel(type)) throw py::value_error("no dequantization kernel for type id " + std::to_string(type));
   if (n < 0 || n % ts.block_elems != 0)
     throw py::value_error("n=" + std::to_string(n) + " is not a multiple of the block size " +
                           std::to_string(ts.block_elems));
@@ -104,7 +103,7 @@ py::array_t<float> dequantize(uint32_t type, py::array_t<uint8_t, py::array::c_s
   float* dst = out.mutable_data();
   {
     py::gil_scoped_release release;
-    fn(src, dst, n);
+    dequantize_row(type, src, dst, n);
   }
   return out;
 }
@@ -135,7 +134,7 @@ double int8_peak_py(double min_seconds) {
     r = int8_peak_rate(min_seconds);
   }
   if (r <= 0)
-    throw std::runtime_error(std::string("the active ISA (") + isa_name(kernels().isa) +
+    throw std::runtime_error(std::string("the active ISA (") + isa_name(active_isa()) +
                              ") has no int8 dot-product instruction");
   return r;
 }
@@ -314,7 +313,7 @@ py::array rope_py(py::array x, py::object pos, int64_t n_heads, int64_t head_dim
     py::gil_scoped_release release;
     std::vector<float> cos_sin(static_cast<size_t>(m * head_dim));
     rope_table(positions.data(), m, head_dim, freqs, cos_sin.data());
-    kernels().rope_f32(xp, m, width, n_heads, head_dim, cos_sin.data(), neox);
+    rope_rows(xp, m, width, n_heads, head_dim, cos_sin.data(), neox);
   }
   return x;
 }
@@ -617,10 +616,10 @@ void batch_decode_py(Batch& batch, const std::vector<Sequence*>& contexts, py::a
 PYBIND11_MODULE(_C, m) {
   m.doc() = "pyinfer's C++ kernels";
   // Resolve PYINFER_ISA now: a bad value fails the import with its message, not a later call.
-  (void)kernels();
+  (void)active_isa();
 
   m.def("cpu_info", &cpu_info, "Detected CPU features, compiled and available ISA paths, the active one.");
-  m.def("get_isa", [] { return std::string(isa_name(kernels().isa)); }, "The active ISA path.");
+  m.def("get_isa", [] { return std::string(isa_name(active_isa())); }, "The active ISA path.");
   m.def("set_isa", [](const std::string& name) { set_isa(parse_isa(name)); }, py::arg("name"),
         "Switch the active ISA path: 'scalar', 'avx2' or 'avx512'.");
   m.def("type_traits", &type_traits_py,
@@ -671,13 +670,13 @@ PYBIND11_MODULE(_C, m) {
         "(factors: float32 [head_dim/2], default all 1). Returns x.");
   m.def("swiglu",
         [](py::array gate, py::array up, std::optional<py::array> out) {
-          return binary_py(gate, up, out, "gate", "up", kernels().swiglu_f32);
+          return binary_py(gate, up, out, "gate", "up", swiglu_vec);
         },
         py::arg("gate"), py::arg("up"), py::arg("out") = py::none(),
         "out = silu(gate) * up, elementwise over float32 arrays of one shape.");
   m.def("add",
         [](py::array a, py::array b, std::optional<py::array> out) {
-          return binary_py(a, b, out, "a", "b", kernels().add_f32);
+          return binary_py(a, b, out, "a", "b", add_vec);
         },
         py::arg("a"), py::arg("b"), py::arg("out") = py::none(),
         "out = a + b (the residual add), elementwise over float32 arrays of one shape.");

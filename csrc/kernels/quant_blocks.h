@@ -136,7 +136,7 @@ static_assert(sizeof(block_q8_K) == 292, "q8_K block size");
 
 // What the code needs to know of a type's encoding. Kernels and drivers read these instead of
 // writing sizes and offsets out; which kernels a type has is the kernel table's business
-// (dispatch.h), not a trait.
+// (runtime/dispatch.h), not a trait.
 struct TypeTraits {
   const char* name;  // as GGUF tools print it; nullptr for an id pyinfer does not know
   int block_elems;   // elements per block (1 for the plain types)

@@ -6,7 +6,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/dispatch.h"
 #include "models/model.h"
 #include "ops/ops.h"
 
@@ -116,7 +115,6 @@ class LlamaModel final : public Model {
 void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
                          int64_t n_out, float* logits, MatmulMode mode, int n_threads) const {
   const ModelDims& c = dims();
-  const KernelTable& kt = kernels();
   const int64_t E = c.n_embd, hd = c.head_dim, F = c.n_ff;
   const int64_t q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
   const float eps = rms_eps_;
@@ -155,8 +153,8 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
       matmul(L.wv, xn, n_rows, v, mode, n_threads);
     }
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      kt.rope_f32(q + r0 * qs, n, qs, c.n_head, hd, cos_sin + r0 * hd, false);
-      kt.rope_f32(k + r0 * ks, n, ks, c.n_head_kv, hd, cos_sin + r0 * hd, false);
+      rope_rows(q + r0 * qs, n, qs, c.n_head, hd, cos_sin + r0 * hd, false);
+      rope_rows(k + r0 * ks, n, ks, c.n_head_kv, hd, cos_sin + r0 * hd, false);
     });
     for (size_t i = 0; i < segs.size(); ++i) {
       const Segment& g = segs[i];
@@ -167,7 +165,7 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
     matmul(L.wo, attn, n_rows, xn, mode, n_threads);
     // Residual, then the feed-forward block's norm, row by row.
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      kt.add_f32(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
+      add_vec(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
       rms_norm_rows(x + r0 * E, L.ffn_norm, xn + r0 * E, n, E, eps);
     });
     // Gate and up: side by side per row ([n_rows][gate F | up F]) when fused, else two blocks
@@ -182,13 +180,13 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
       matmul(L.up, xn, n_rows, up, mode, n_threads);
     }
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      for (int64_t r = r0; r < r0 + n; ++r) kt.swiglu_f32(ffn + r * gs, up + r * gs, act + r * F, F);
+      for (int64_t r = r0; r < r0 + n; ++r) swiglu_vec(ffn + r * gs, up + r * gs, act + r * F, F);
     });
     matmul(L.down, act, n_rows, xn, mode, n_threads);
     // Residual, then the next layer's attention norm, row by row.
     const float* next_norm = il + 1 < c.n_layer ? layers_[static_cast<size_t>(il + 1)].attn_norm : nullptr;
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      kt.add_f32(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
+      add_vec(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
       if (next_norm != nullptr) rms_norm_rows(x + r0 * E, next_norm, xn + r0 * E, n, E, eps);
     });
   }

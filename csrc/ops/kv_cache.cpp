@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "runtime/dispatch.h"
 #include "runtime/threadpool.h"
 
 namespace pyinfer {

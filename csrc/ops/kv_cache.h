@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-#include "runtime/dispatch.h"
+#include "kernels/abi.h"
 
 namespace pyinfer {
 
@@ -14,7 +14,7 @@ namespace pyinfer {
 // K in blocks of kKeyBlock positions, [n_layer][n_head_kv][n_blk][kKeyBlock * head_dim] with
 // n_blk = n_ctx / kKeyBlock rounded up. A complete block (below n_pos(layer) / kKeyBlock) is
 // [head_dim][kKeyBlock], kKeyBlock positions side by side for each dimension, so a query's
-// scores against it come from whole-vector multiply-adds (dispatch.h, AttnFn). The partial
+// scores against it come from whole-vector multiply-adds (kernels/abi.h, AttnFn). The partial
 // block at n_pos / kKeyBlock is held row-major, [kKeyBlock][head_dim], and transposed once when
 // it fills: a decode step's append then writes one row of K, not one element in each of
 // head_dim cache lines. One (layer, KV head) is a contiguous region of each, so attention

@@ -8,7 +8,7 @@
 // d*(sc*q) differ in the sign of a zero.
 #include <cstring>
 
-#include "runtime/dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 
@@ -139,7 +139,7 @@ uint64_t read_sum_ref(const void* src, size_t n_bytes) {
 
 }  // namespace
 
-void fill_kernels_scalar(KernelTable& t) {
+void fill_dequant_scalar(KernelSet& t) {
   t.dequant_row[GGML_F32] = dequant_f32_ref;
   t.dequant_row[GGML_F16] = dequant_f16_ref;
   t.dequant_row[GGML_BF16] = dequant_bf16_ref;

@@ -7,7 +7,7 @@
 // and products but may add them in another order.
 #include <cmath>
 
-#include "runtime/dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
@@ -131,7 +131,7 @@ void matmul_fast_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, in
 
 }  // namespace
 
-void fill_matmul_scalar(KernelTable& t) {
+void fill_matmul_scalar(KernelSet& t) {
   t.quantize_act = quantize_act_ref;
   t.matmul_exact[GGML_F32] = matmul_f32_f32_ref;
   t.matmul_exact[GGML_F16] = matmul_f16_f32_ref;

@@ -7,7 +7,7 @@
 // derived from float32's epsilon (see tests/test_ops.py and tests/test_attention.py).
 #include <cmath>
 
-#include "runtime/dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/half.h"
 
 namespace pyinfer {
@@ -109,7 +109,7 @@ void attention_ref(const AttnTile& t) {
 
 }  // namespace
 
-void fill_ops_scalar(KernelTable& t) {
+void fill_ops_scalar(KernelSet& t) {
   t.rms_norm_f32 = rms_norm_f32_ref;
   t.rope_f32 = rope_f32_ref;
   t.swiglu_f32 = swiglu_f32_ref;

@@ -1,10 +1,10 @@
 // dequant_avx2.cpp: AVX2+FMA+F16C dequantization kernels and the bandwidth probe's read loop.
-// This file alone is compiled with the AVX2 flags. Everything here except fill_kernels_avx2
+// This file alone is compiled with the AVX2 flags. Everything here except fill_dequant_avx2
 // has internal linkage and no STL template is instantiated, so the linker cannot merge code
 // compiled with these flags into a portable caller. Results match dequant_ref.cpp bit for bit.
 #include <immintrin.h>
 
-#include "runtime/dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 
@@ -221,7 +221,7 @@ uint64_t read_sum_avx2(const void* src, size_t n_bytes) {
 
 }  // namespace
 
-void fill_kernels_avx2(KernelTable& t) {
+void fill_dequant_avx2(KernelSet& t) {
   t.dequant_row[GGML_F16] = dequant_f16_avx2;
   t.dequant_row[GGML_BF16] = dequant_bf16_avx2;
   t.dequant_row[GGML_Q8_0] = dequant_q8_0_avx2;

@@ -1,11 +1,11 @@
 // dequant_avx512.cpp: AVX-512 (F, BW, VL, DQ) dequantization kernels.
 // This file alone is compiled with the AVX-512 flags. Everything here except
-// fill_kernels_avx512 has internal linkage and no STL template is instantiated, so the linker
+// fill_dequant_avx512 has internal linkage and no STL template is instantiated, so the linker
 // cannot merge code compiled with these flags into a portable caller. Results match
 // dequant_ref.cpp bit for bit.
 #include <immintrin.h>
 
-#include "runtime/dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 
@@ -183,7 +183,7 @@ void dequant_q6_K_avx512(const void* src, float* dst, int64_t n) {
 
 }  // namespace
 
-void fill_kernels_avx512(KernelTable& t) {
+void fill_dequant_avx512(KernelSet& t) {
   t.dequant_row[GGML_F16] = dequant_f16_avx512;
   t.dequant_row[GGML_BF16] = dequant_bf16_avx512;
   t.dequant_row[GGML_Q8_0] = dequant_q8_0_avx512;

@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "runtime/dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
 
@@ -335,7 +335,7 @@ int64_t int8_peak_avx2(int64_t n_iter, int32_t* sink) {
 
 }  // namespace
 
-void fill_matmul_avx2(KernelTable& t) {
+void fill_matmul_avx2(KernelSet& t) {
   t.quantize_act = quantize_act_avx2;
   t.int8_peak = int8_peak_avx2;
   t.matmul_exact[GGML_F32] = matmul_exact_avx2<GGML_F32>;

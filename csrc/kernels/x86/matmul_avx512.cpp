@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "runtime/dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
 
@@ -296,7 +296,7 @@ int64_t int8_peak_avx512(int64_t n_iter, int32_t* sink) {
 
 }  // namespace
 
-void fill_matmul_avx512(KernelTable& t) {
+void fill_matmul_avx512(KernelSet& t) {
   t.quantize_act = quantize_act_avx512;
   t.int8_peak = int8_peak_avx512;
   // Exact mode on F32, F16 and BF16 weights stays AVX2's (this table is filled over the AVX2

@@ -7,7 +7,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "runtime/dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/attn_groups.h"
 #include "kernels/half.h"
 
@@ -299,7 +299,7 @@ void attention_avx2(const AttnTile& t) {
 
 }  // namespace
 
-void fill_ops_avx2(KernelTable& t) {
+void fill_ops_avx2(KernelSet& t) {
   t.rms_norm_f32 = rms_norm_f32_avx2;
   t.rope_f32 = rope_f32_avx2;
   t.swiglu_f32 = swiglu_f32_avx2;

@@ -6,7 +6,7 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "runtime/dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/attn_groups.h"
 #include "kernels/half.h"
 
@@ -285,7 +285,7 @@ void attention_avx512(const AttnTile& t) {
 
 }  // namespace
 
-void fill_ops_avx512(KernelTable& t) {
+void fill_ops_avx512(KernelSet& t) {
   t.rms_norm_f32 = rms_norm_f32_avx512;
   t.rope_f32 = rope_f32_avx512;
   t.swiglu_f32 = swiglu_f32_avx512;

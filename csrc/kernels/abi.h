@@ -1,0 +1,132 @@
+// abi.h: the kernels' interface: the signature of every kernel slot, the attention tile they
+// are handed, and the set of slots one ISA's files fill. Kernel files include this and the
+// other kernels/ headers only; which set is in use is the dispatcher's business
+// (runtime/dispatch.h).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/q8_act.h"
+#include "kernels/quant_blocks.h"
+
+namespace pyinfer {
+
+// Dequantize n elements (a multiple of the type's block size) from raw GGUF blocks to float32.
+using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
+// Read n_bytes (a multiple of 64, 64-byte aligned) and return a value that depends on every
+// byte, so the loads cannot be elided: the inner loop of the bandwidth probe.
+using ReadSumFn = uint64_t (*)(const void* src, size_t n_bytes);
+
+// ---- small ops and attention (kernels/ref/ops_ref.cpp, kernels/x86/ops_*.cpp) ----
+// out[n] = x[n] / sqrt(mean(x^2) + eps) * w[n]; out may be x.
+using RmsNormFn = void (*)(const float* x, const float* w, float* out, int64_t n, float eps);
+// In place, x[n_rows][row_stride] holding n_heads heads of head_dim (even, <= kRopeMaxDim)
+// each: row r rotated by the angles theta_i of its position, given as
+// cos_sin[r][head_dim] = (cos theta_0 .. cos theta_{half-1}, sin theta_0 .. sin theta_{half-1})
+// (rope_table in ops.h computes them once for every layer of a forward pass). Pairs are
+// (2i, 2i+1) (llama.cpp's normal mode, what llama-arch GGUFs expect) or, with neox,
+// (i, i + head_dim/2).
+using RopeFn = void (*)(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads,
+                        int64_t head_dim, const float* cos_sin, bool neox);
+// out[n] = silu(gate) * up; out may alias either input.
+using SwigluFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
+// out[n] = a + b; out may alias either input.
+using AddFn = void (*)(const float* a, const float* b, float* out, int64_t n);
+// out[n] = softmax(x[n]); out may be x.
+using SoftmaxFn = void (*)(const float* x, float* out, int64_t n);
+// dst[n] = fp16 of src[n], rounded to nearest even.
+using F32ToF16Fn = void (*)(const float* src, fp16_t* dst, int64_t n);
+// Keys are cached in blocks of kKeyBlock positions, each block [head_dim][kKeyBlock] (see
+// KVCache), so the score of one query against a block is head_dim broadcast-multiply-adds of
+// whole vectors, with no horizontal sums.
+constexpr int64_t kKeyBlock = 16;
+// One tile of causal attention: n_rows consecutive query positions last, last + 1, ..., each
+// with n_heads query heads that share one KV head. Row r sees cached positions first(r)..last + r,
+// first(r) = max(0, last + r + 1 - window) when window > 0, else 0; each of its heads gets
+// out = softmax(scale * K q) V over them.
+struct AttnTile {
+  const float* q;      // query (row r, head h) at q + r * q_stride + h * head_dim
+  int64_t q_stride;
+  float* out;          // the same layout, out_stride
+  int64_t out_stride;
+  int64_t n_rows, n_heads;
+  int64_t last, window;
+  // Keys in blocks [head_dim][kKeyBlock], block b at k + b * head_dim * kKeyBlock elements,
+  // read for the blocks before that of the tile's last position; k_last: that block in the
+  // same layout (positions after the tile's last in it may hold anything). Values
+  // [n_pos][head_dim]. Element type by table slot.
+  const void* k;
+  const void* k_last;
+  const void* v;
+  int64_t head_dim;
+  float scale;
+  float* scores;  // scratch: n_rows * n_heads * attn_span(first(0), last + n_rows - 1) floats
+};
+// Each query's result depends on that query's inputs only, never on which rows and heads
+// share its tile, so any tiling gives the same bits.
+using AttnFn = void (*)(const AttnTile& tile);
+// Scores one query of a tile keeps: from the start of first's key block to the end of last's.
+inline int64_t attn_span(int64_t first, int64_t last) {
+  return (last / kKeyBlock - first / kKeyBlock + 1) * kKeyBlock;
+}
+// First position row r of a tile sees.
+inline int64_t attn_first(const AttnTile& t, int64_t r) {
+  return t.window > 0 && t.last + r + 1 > t.window ? t.last + r + 1 - t.window : 0;
+}
+constexpr int64_t kRopeMaxDim = 1024;
+enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_TYPE_SLOTS = 2 };
+
+// Matmul row kernels, y[m*ldy + n] = sum_k x[m, k] * W[n, k] for m < M and n < n_rows: w
+// points at the first of n_rows weight rows of w_row_bytes each (blocks as stored in GGUF),
+// y at the output column of that row. K is a multiple of 32.
+// Exact mode: float32 activations x[M, K] (row stride K), float32 accumulation.
+using MatmulExactFn = void (*)(const void* w, int64_t w_row_bytes, const float* x, int64_t M,
+                               int64_t K, int64_t n_rows, float* y, int64_t ldy);
+// Fast mode: activations quantized to xq[M, K/32] (see q8_act.h), integer dot products.
+using MatmulFastFn = void (*)(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M,
+                              int64_t K, int64_t n_rows, float* y, int64_t ldy);
+// Quantize k floats (a multiple of 32) to k/32 activation blocks.
+using QuantizeActFn = void (*)(const float* x, block_q8a* dst, int64_t k);
+// The int8 multiply-add instruction the fast kernels are built on, issued n_iter times on
+// each of 12 independent accumulators (so its latency is hidden): the rate a core can reach
+// at best. Returns the multiply-adds done; *sink receives a value of the result, so that
+// nothing is optimised away.
+using Int8PeakFn = int64_t (*)(int64_t n_iter, int32_t* sink);
+
+// The slots of one ISA's kernels. Every ISA's set starts from the scalar one, then its files
+// fill the slots they implement (runtime/dispatch.cpp builds each set in that order).
+struct KernelSet {
+  DequantRowFn dequant_row[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel
+  ReadSumFn read_sum;
+  RmsNormFn rms_norm_f32;
+  RopeFn rope_f32;
+  SwigluFn swiglu_f32;
+  AddFn add_f32;
+  SoftmaxFn softmax_f32;
+  F32ToF16Fn f32_to_f16;
+  AttnFn attention[KV_TYPE_SLOTS];  // by KvType
+  // Matmul (ops/matmul.cpp drives them). A type without an exact kernel is dequantized a few
+  // rows at a time and multiplied by matmul_exact[GGML_F32].
+  MatmulExactFn matmul_exact[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel
+  MatmulFastFn matmul_fast[GGML_TYPE_SLOTS];
+  // The same on weights in the 16-row interleaved layout (kernels/packed16.h): w points at
+  // the group holding the first row; w_row_bytes is the row size as stored in GGUF.
+  MatmulFastFn matmul_fast_packed[GGML_TYPE_SLOTS];
+  QuantizeActFn quantize_act;
+  Int8PeakFn int8_peak;  // nullptr where the ISA has no int8 dot-product instruction (scalar)
+};
+
+// Each ISA's files fill their slots of a set; each function is defined in that ISA's files.
+void fill_dequant_scalar(KernelSet& t);  // dequantization
+void fill_ops_scalar(KernelSet& t);  // the small ops and attention
+void fill_matmul_scalar(KernelSet& t);  // matmul and activation quantization
+#if PYINFER_X86
+void fill_dequant_avx2(KernelSet& t);
+void fill_dequant_avx512(KernelSet& t);
+void fill_ops_avx2(KernelSet& t);
+void fill_ops_avx512(KernelSet& t);
+void fill_matmul_avx2(KernelSet& t);
+void fill_matmul_avx512(KernelSet& t);
+#endif
+
+}  // namespace pyinfer
