@@ -12,6 +12,7 @@
 #include "probes/bandwidth.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
+#include "ops/attention.h"
 #include "ops/kv_cache.h"
 #include "ops/ops.h"
 #include "ops/matmul.h"

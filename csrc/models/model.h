@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/attention.h"
 #include "ops/kv_cache.h"
 #include "ops/matmul.h"
 #include "runtime/threadpool.h"
