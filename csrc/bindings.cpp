@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "probes/bandwidth.h"
+#include "probes/int8_peak.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
 #include "ops/attention.h"

@@ -13,9 +13,6 @@ namespace pyinfer {
 
 // Dequantize n elements (a multiple of the type's block size) from raw GGUF blocks to float32.
 using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
-// Read n_bytes (a multiple of 64, 64-byte aligned) and return a value that depends on every
-// byte, so the loads cannot be elided: the inner loop of the bandwidth probe.
-using ReadSumFn = uint64_t (*)(const void* src, size_t n_bytes);
 
 // ---- small ops and attention (kernels/ref/ops_ref.cpp, kernels/x86/ops_*.cpp) ----
 // out[n] = x[n] / sqrt(mean(x^2) + eps) * w[n]; out may be x.
@@ -87,17 +84,11 @@ using MatmulFastFn = void (*)(const void* w, int64_t w_row_bytes, const block_q8
                               int64_t K, int64_t n_rows, float* y, int64_t ldy);
 // Quantize k floats (a multiple of 32) to k/32 activation blocks.
 using QuantizeActFn = void (*)(const float* x, block_q8a* dst, int64_t k);
-// The int8 multiply-add instruction the fast kernels are built on, issued n_iter times on
-// each of 12 independent accumulators (so its latency is hidden): the rate a core can reach
-// at best. Returns the multiply-adds done; *sink receives a value of the result, so that
-// nothing is optimised away.
-using Int8PeakFn = int64_t (*)(int64_t n_iter, int32_t* sink);
 
 // The slots of one ISA's kernels. Every ISA's set starts from the scalar one, then its files
 // fill the slots they implement (runtime/dispatch.cpp builds each set in that order).
 struct KernelSet {
   DequantRowFn dequant_row[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel
-  ReadSumFn read_sum;
   RmsNormFn rms_norm_f32;
   RopeFn rope_f32;
   SwigluFn swiglu_f32;
@@ -113,7 +104,6 @@ struct KernelSet {
   // the group holding the first row; w_row_bytes is the row size as stored in GGUF.
   MatmulFastFn matmul_fast_packed[GGML_TYPE_SLOTS];
   QuantizeActFn quantize_act;
-  Int8PeakFn int8_peak;  // nullptr where the ISA has no int8 dot-product instruction (scalar)
 };
 
 // Each ISA's files fill their slots of a set; each function is defined in that ISA's files.

@@ -1,7 +1,6 @@
 // matmul.cpp: splits a matmul over the thread pool and feeds the active ISA's row kernels.
 #include "ops/matmul.h"
 
-#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -246,21 +245,6 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
       f32(rows.data(), K * static_cast<int64_t>(sizeof(float)), x, M, K, nr, y + r0, N);
     }
   });
-}
-
-double int8_peak_rate(double min_seconds) {
-  const Int8PeakFn fn = kernels().int8_peak;
-  if (fn == nullptr) return 0.0;
-  int32_t sink = 0;
-  fn(1 << 16, &sink);  // warm up: clocks settle, the wide units power on
-  int64_t n_iter = 1 << 16;
-  for (;;) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const int64_t macs = fn(n_iter, &sink);
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (sec >= min_seconds || n_iter > (int64_t{1} << 40)) return static_cast<double>(macs) / sec;
-    n_iter *= 2;
-  }
 }
 
 void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum,

@@ -34,11 +34,6 @@ void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w
 void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type,
                    int64_t N, float* y, MatmulMode mode, int n_threads);
 
-// Multiply-adds per second of the active ISA's int8 dot-product instruction on the calling
-// thread (KernelTable::int8_peak), timed over about min_seconds: the compute ceiling of the
-// fast kernels. 0 when the ISA has no such instruction.
-double int8_peak_rate(double min_seconds);
-
 // Fast mode's activation quantization (q8_act.h) of x[M, K] (K a multiple of 32), unpacked:
 // q[M, K] int8, d[M, K/32] scales, sum[M, K/32] block sums, h[M, K/32] the split blocks'
 // high parts (0 where not split), jo[M, K/32] each block's largest element. For tests and study.

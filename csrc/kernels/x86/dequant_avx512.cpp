@@ -192,12 +192,6 @@ void fill_dequant_avx512(KernelSet& t) {
   t.dequant_row[GGML_Q5_0] = dequant_q5_0_avx512;
   t.dequant_row[GGML_Q4_K] = dequant_q4_K_avx512;
   t.dequant_row[GGML_Q6_K] = dequant_q6_K_avx512;
-  // read_sum stays AVX2's (this table is filled over the AVX2 one). Streaming 512 MiB on
-  // huge pages on the Zen 4 this was tuned on, 32-byte loads into 4 accumulators beat 64-byte
-  // loads into 4 or 8, an or-reduction by vpternlog, software prefetch 256 B to 2 KiB ahead
-  // and 2-4 streams per thread (medians, one run: 31.4 GB/s on one core against 28.6-29.4
-  // for zmm and 18-23 for several streams; 41.6 against 38-39.6 on two), and the probe must
-  // find the ceiling, not the cost of a load width.
 }
 
 }  // namespace pyinfer

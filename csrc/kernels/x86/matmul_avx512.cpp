@@ -278,27 +278,10 @@ void matmul_fast_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, i
   packed_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
-// vpdpbusd on zmm: 64 multiply-adds (u8 x s8, summed in fours into int32 lanes).
-int64_t int8_peak_avx512(int64_t n_iter, int32_t* sink) {
-  __m512i acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
-  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
-  for (int64_t it = 0; it < n_iter; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], w, x);
-    __asm__("" : "+v"(w), "+v"(x));  // opaque operands: the loop cannot be folded
-  }
-  __m512i r = acc[0];
-  for (int i = 1; i < 12; ++i) r = _mm512_add_epi32(r, acc[i]);
-  *sink = _mm512_reduce_add_epi32(r);
-  return n_iter * 12 * 64;
-}
-
 }  // namespace
 
 void fill_matmul_avx512(KernelSet& t) {
   t.quantize_act = quantize_act_avx512;
-  t.int8_peak = int8_peak_avx512;
   // Exact mode on F32, F16 and BF16 weights stays AVX2's (this table is filled over the AVX2
   // one). On the Zen 4 this was tuned on, which splits zmm work into two 256-bit halves,
   // ymm kernels read a GEMV's F16 rows at the bandwidth probe's rate where the same kernel
