@@ -153,15 +153,19 @@ py::dict stream_bandwidth(const std::string& kernel, size_t n_bytes, int n_threa
   return bandwidth_dict(r);
 }
 
+// "fast" or "exact", the word Python uses for the matmul path (Precision in ops/matmul.h).
+Precision parse_precision(const std::string& precision) {
+  if (precision == "fast") return Precision::fast;
+  if (precision == "exact") return Precision::exact;
+  throw py::value_error("precision must be 'fast' or 'exact', got '" + precision + "'");
+}
+
 // y[M, N] = x[M, K] @ W[N, K]^T. w is any C-contiguous array holding exactly N rows of the
 // type's GGUF encoding (raw uint8 bytes, or e.g. float16 [N, K]); nothing is copied.
 py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t n, int64_t k,
-                             const std::string& mode, int n_threads, std::optional<py::array> out,
+                             const std::string& precision, int n_threads, std::optional<py::array> out,
                              bool packed) {
-  MatmulMode md;
-  if (mode == "fast") md = MatmulMode::fast;
-  else if (mode == "exact") md = MatmulMode::exact;
-  else throw py::value_error("mode must be 'fast' or 'exact', got '" + mode + "'");
+  const Precision p = parse_precision(precision);
   if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
   const int64_t row_bytes = matmul_row_bytes(w_type, k);
   if (row_bytes < 0)
@@ -202,8 +206,8 @@ py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t 
   float* yp = y.mutable_data();
   {
     py::gil_scoped_release release;
-    if (packed) matmul_packed(xp, M, k, wp, w_type, n, yp, md, n_threads);
-    else matmul(xp, M, k, wp, w_type, n, yp, md, n_threads);
+    if (packed) matmul_packed(xp, M, k, wp, w_type, n, yp, p, n_threads);
+    else matmul(xp, M, k, wp, w_type, n, yp, p, n_threads);
   }
   return y;
 }
@@ -567,15 +571,9 @@ PyModel make_model_py(const std::string& arch, const py::dict& params, const py:
   return out;
 }
 
-MatmulMode parse_mode(const std::string& mode) {
-  if (mode == "fast") return MatmulMode::fast;
-  if (mode == "exact") return MatmulMode::exact;
-  throw py::value_error("precision must be 'fast' or 'exact', got '" + mode + "'");
-}
-
 // Runs ids (int32 [n]) through the context; logits is float32 [n or 1, n_vocab], written in place.
 void sequence_eval_py(Sequence& ctx, py::array ids, py::array logits, bool all_logits,
-                   const std::string& mode, int n_threads) {
+                   const std::string& precision, int n_threads) {
   if (ids.ndim() != 1 || !ids.dtype().is(py::dtype::of<int32_t>()) || !(ids.flags() & py::array::c_style))
     throw py::value_error("ids must be a 1-D C-contiguous int32 array");
   const int64_t n = ids.shape(0);
@@ -585,7 +583,7 @@ void sequence_eval_py(Sequence& ctx, py::array ids, py::array logits, bool all_l
       logits.shape(1) != n_vocab)
     throw py::value_error("logits must be a writeable C-contiguous float32 array [" + std::to_string(rows) +
                           ", " + std::to_string(n_vocab) + "]");
-  const MatmulMode m = parse_mode(mode);
+  const Precision m = parse_precision(precision);
   const auto* p_ids = static_cast<const int32_t*>(ids.data());
   auto* p_logits = static_cast<float*>(logits.mutable_data());
   py::gil_scoped_release release;
@@ -595,7 +593,7 @@ void sequence_eval_py(Sequence& ctx, py::array ids, py::array logits, bool all_l
 // One token for each of len(contexts) sequences in one forward pass: ids int32 [n], logits
 // float32 [n, n_vocab] written in place.
 void batch_decode_py(Batch& batch, const std::vector<Sequence*>& contexts, py::array ids,
-                           py::array logits, const std::string& mode, int n_threads) {
+                           py::array logits, const std::string& precision, int n_threads) {
   const int64_t n = static_cast<int64_t>(contexts.size());
   if (ids.ndim() != 1 || !ids.dtype().is(py::dtype::of<int32_t>()) || !(ids.flags() & py::array::c_style) ||
       ids.shape(0) != n)
@@ -606,7 +604,7 @@ void batch_decode_py(Batch& batch, const std::vector<Sequence*>& contexts, py::a
       logits.shape(1) != n_vocab)
     throw py::value_error("logits must be a writeable C-contiguous float32 array [" + std::to_string(n) + ", " +
                           std::to_string(n_vocab) + "]");
-  const MatmulMode m = parse_mode(mode);
+  const Precision m = parse_precision(precision);
   const auto* p_ids = static_cast<const int32_t*>(ids.data());
   auto* p_logits = static_cast<float*>(logits.mutable_data());
   py::gil_scoped_release release;
@@ -636,10 +634,10 @@ PYBIND11_MODULE(_C, m) {
         "Time `repeats` passes of STREAM's copy or triad over arrays of about n_bytes in all; "
         "n_bytes in the result counts bytes read plus written per pass.");
   m.def("matmul", &matmul_py, py::arg("x"), py::arg("w"), py::arg("w_type"), py::arg("n"),
-        py::arg("k"), py::kw_only(), py::arg("mode") = "fast", py::arg("n_threads") = 1,
+        py::arg("k"), py::kw_only(), py::arg("precision") = "fast", py::arg("n_threads") = 1,
         py::arg("out") = py::none(), py::arg("packed") = false,
         "y[M, n] = x[M, k] @ W[n, k]^T for W of a GGUF type id with a matmul or dequantization "
-        "kernel, as stored; mode 'fast' (int8 activations, integer dots, for Q8_0, Q4_0 and Q4_1; "
+        "kernel, as stored; precision 'fast' (int8 activations, integer dots, for Q8_0, Q4_0 and Q4_1; "
         "the exact path for other types) or 'exact' (float32).");
   m.def("repack", &repack_py, py::arg("w"), py::arg("w_type"), py::arg("n"), py::arg("k"),
         "Q8_0/Q4_0/Q4_1 weights of n rows -> the 16-row interleaved layout matmul(packed=True) "

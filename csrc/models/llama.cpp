@@ -85,7 +85,7 @@ class LlamaModel final : public Model {
   }
 
   void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
-               int64_t n_out, float* logits, MatmulMode mode, int n_threads) const override;
+               int64_t n_out, float* logits, Precision precision, int n_threads) const override;
 
  private:
   void repack_all() {
@@ -113,7 +113,7 @@ class LlamaModel final : public Model {
 };
 
 void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
-                         int64_t n_out, float* logits, MatmulMode mode, int n_threads) const {
+                         int64_t n_out, float* logits, Precision precision, int n_threads) const {
   const ModelDims& c = dims();
   const int64_t E = c.n_embd, hd = c.head_dim, F = c.n_ff;
   const int64_t q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
@@ -141,16 +141,16 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
     });
     float *q, *k, *v;
     int64_t qs, ks;
-    if (mode == MatmulMode::fast && L.qkv.packed != nullptr) {
+    if (precision == Precision::fast && L.qkv.packed != nullptr) {
       q = s.qkv.data(), k = q + q_dim, v = k + kv_dim;
       qs = ks = q_dim + 2 * kv_dim;
-      matmul(L.qkv, xn, n_rows, q, mode, n_threads);
+      matmul(L.qkv, xn, n_rows, q, precision, n_threads);
     } else {
       q = s.qkv.data(), k = q + n_rows * q_dim, v = k + n_rows * kv_dim;
       qs = q_dim, ks = kv_dim;
-      matmul(L.wq, xn, n_rows, q, mode, n_threads);
-      matmul(L.wk, xn, n_rows, k, mode, n_threads);
-      matmul(L.wv, xn, n_rows, v, mode, n_threads);
+      matmul(L.wq, xn, n_rows, q, precision, n_threads);
+      matmul(L.wk, xn, n_rows, k, precision, n_threads);
+      matmul(L.wv, xn, n_rows, v, precision, n_threads);
     }
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
       rope_rows(q + r0 * qs, n, qs, c.n_head, hd, cos_sin + r0 * hd, false);
@@ -162,7 +162,7 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
                               c.n_head, scale, 0};
     }
     append_and_attend(segs, il, k, v, ks, args, n_threads);
-    matmul(L.wo, attn, n_rows, xn, mode, n_threads);
+    matmul(L.wo, attn, n_rows, xn, precision, n_threads);
     // Residual, then the feed-forward block's norm, row by row.
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
       add_vec(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
@@ -170,19 +170,19 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
     });
     // Gate and up: side by side per row ([n_rows][gate F | up F]) when fused, else two blocks
     // [n_rows][F]; silu(gate) * up goes to act [n_rows][F].
-    const bool fused = mode == MatmulMode::fast && L.gate_up.packed != nullptr;
+    const bool fused = precision == Precision::fast && L.gate_up.packed != nullptr;
     const int64_t gs = fused ? 2 * F : F;
     float* up = fused ? ffn + F : ffn + n_rows * F;
     if (fused) {
-      matmul(L.gate_up, xn, n_rows, ffn, mode, n_threads);
+      matmul(L.gate_up, xn, n_rows, ffn, precision, n_threads);
     } else {
-      matmul(L.gate, xn, n_rows, ffn, mode, n_threads);
-      matmul(L.up, xn, n_rows, up, mode, n_threads);
+      matmul(L.gate, xn, n_rows, ffn, precision, n_threads);
+      matmul(L.up, xn, n_rows, up, precision, n_threads);
     }
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
       for (int64_t r = r0; r < r0 + n; ++r) swiglu_vec(ffn + r * gs, up + r * gs, act + r * F, F);
     });
-    matmul(L.down, act, n_rows, xn, mode, n_threads);
+    matmul(L.down, act, n_rows, xn, precision, n_threads);
     // Residual, then the next layer's attention norm, row by row.
     const float* next_norm = il + 1 < c.n_layer ? layers_[static_cast<size_t>(il + 1)].attn_norm : nullptr;
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
@@ -192,7 +192,7 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
   }
   // Output head, only for the rows whose logits are wanted.
   for (int64_t i = 0; i < n_out; ++i) rms_norm_rows(x + out_rows[i] * E, output_norm_, xn + i * E, 1, E, eps);
-  matmul(output_, xn, n_out, logits, mode, n_threads);
+  matmul(output_, xn, n_out, logits, precision, n_threads);
 }
 
 std::shared_ptr<const Model> make_llama(const Params& p, TensorMap& t, bool repack) {

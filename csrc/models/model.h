@@ -98,10 +98,10 @@ class Model {
   // sequence each, which it appends to their caches. logits[n_out][n_vocab] receives the
   // rows out_rows[].
   virtual void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
-                       int64_t n_out, float* logits, MatmulMode mode, int n_threads) const = 0;
+                       int64_t n_out, float* logits, Precision precision, int n_threads) const = 0;
 
   // y[M][w.rows] = x[M][w.cols] @ W^T; fast mode goes through the repacked copy if there is one.
-  static void matmul(const WeightRef& w, const float* x, int64_t M, float* y, MatmulMode mode, int n_threads);
+  static void matmul(const WeightRef& w, const float* x, int64_t M, float* y, Precision precision, int n_threads);
 
  protected:
   explicit Model(const ModelDims& dims) : dims_(dims) {}
@@ -149,7 +149,7 @@ class Sequence {
   // cache. logits receives [n][n_vocab] floats when all_logits, else the last token's
   // [n_vocab]. Throws std::invalid_argument (bad id, no room) before changing any state,
   // and std::runtime_error if another thread is using this sequence.
-  void eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, MatmulMode mode, int n_threads);
+  void eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, Precision precision, int n_threads);
 
   int64_t n_past() const { return n_past_; }
   int64_t n_ctx() const { return n_ctx_; }
@@ -183,7 +183,7 @@ class Batch {
   // std::runtime_error if a sequence is in use by another thread. The result of each row is
   // that of seqs[b]->eval(&ids[b], 1, ...) alone, bit for bit in fast mode; exact mode may
   // differ in float rounding (its kernels block over rows).
-  void decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* logits, MatmulMode mode, int n_threads);
+  void decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* logits, Precision precision, int n_threads);
 
   int64_t n_seq() const { return n_seq_; }
 

@@ -92,7 +92,7 @@ void matmul_fast_rows(const KernelTable& kt, MatmulFastFn fn, const WAt& w_at, i
 }  // namespace
 
 void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type, int64_t N,
-            float* y, MatmulMode mode, int n_threads) {
+            float* y, Precision precision, int n_threads) {
   const int64_t row_bytes = matmul_row_bytes(w_type, K);
   if (row_bytes < 0)
     throw std::invalid_argument("matmul: weight type id " + std::to_string(w_type) + type_label(w_type) +
@@ -104,7 +104,7 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
   if (n_threads < 1) n_threads = 1;
   const KernelTable& kt = kernels();
   const auto* wb = static_cast<const uint8_t*>(w);
-  if (mode == MatmulMode::fast && kt.matmul_fast[w_type] != nullptr) {
+  if (precision == Precision::fast && kt.matmul_fast[w_type] != nullptr) {
     matmul_fast_rows(kt, kt.matmul_fast[w_type], [&](int64_t n0) { return wb + n0 * row_bytes; }, row_bytes, x, M, K,
                      N, y, n_threads);
     return;
@@ -216,7 +216,7 @@ void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w
 }
 
 void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type,
-                   int64_t N, float* y, MatmulMode mode, int n_threads) {
+                   int64_t N, float* y, Precision precision, int n_threads) {
   check_packable(w_type, N, K);
   if (M < 0 || N < 0) throw std::invalid_argument("matmul: negative M or N");
   if (M == 0 || N == 0) return;
@@ -225,7 +225,7 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   const int64_t row_bytes = matmul_row_bytes(w_type, K);
   const int64_t group_bytes = kPackRows * row_bytes;
   const auto* wp = static_cast<const uint8_t*>(packed);
-  if (mode == MatmulMode::fast) {
+  if (precision == Precision::fast) {
     matmul_fast_rows(kt, kt.matmul_fast_packed[w_type], [&](int64_t n0) { return wp + n0 / kPackRows * group_bytes; },
                      row_bytes, x, M, K, N, y, n_threads);
     return;
