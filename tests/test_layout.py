@@ -60,3 +60,31 @@ def test_the_rule_sees_a_violation(tmp_path):
     assert TABLE_USE.search(_code(bad))
     bad.write_text('// kernels() is fine here\nconst char* s = "kernels()";\n')
     assert not TABLE_USE.search(_code(bad))
+
+
+TUNING = CSRC.parent / "docs" / "tuning.md"
+# A measurement in a comment: a rate, a machine, a timing. These belong in docs/tuning.md.
+FIGURE = re.compile(r"GB/s|GFLOP/s|GOP/s|tok/s|\bZen\b|\d\s*ms\b|\d\s*%")
+
+
+def _comments(p: Path) -> list[str]:
+    text = p.read_text()
+    return re.findall(r"//[^\n]*", text) + re.findall(r"/\*.*?\*/", text, flags=re.S)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=_rel)
+def test_tuning_figures_live_in_the_docs(path):
+    found = [c.strip() for c in _comments(path) if FIGURE.search(c.replace("% kKeyBlock", "").replace("% 4", ""))]
+    assert not found, f"csrc/{_rel(path)}: move the measurement to docs/tuning.md, keep the why: {found}"
+
+
+def test_tuning_references_name_a_section():
+    """Every (docs/tuning.md, "...") in the code quotes words of one of the page's headings."""
+    headings = [h.lower() for h in re.findall(r"^## (.+)$", TUNING.read_text(), re.M)]
+    refs = []
+    for p in SOURCES:
+        flat = re.sub(r"\s*\n\s*//\s*", " ", p.read_text())
+        refs += [(p, r) for r in re.findall(r'docs/tuning\.md,\s*"([^"]+)"', flat)]
+    assert refs, "no code comment points at docs/tuning.md"
+    for p, r in refs:
+        assert any(r.lower() in h for h in headings), f"csrc/{_rel(p)} points at {r!r}, no heading of {TUNING.name}"

@@ -24,10 +24,9 @@ constexpr int64_t kRowsM = 64;
 // Rows of a quantized W dequantized at a time in exact mode (16 x K floats of scratch).
 constexpr int64_t kDequantRows = 16;
 
-// W's rows per chunk: one contiguous share per thread. Every new run of rows a thread starts
-// costs a ramp-up of the hardware prefetchers and a cold first group; on 2 threads one share
-// each decoded 12-18% faster and prefilled 5% faster than four chunks each (alternating runs,
-// noise included, which the finer split was meant to absorb). Where the activations come in
+// W's rows per chunk: one contiguous share per thread, since every new run of rows a thread
+// starts costs a ramp-up of the hardware prefetchers and a cold first group (measured:
+// docs/tuning.md, "one contiguous row share per thread"). Where the activations come in
 // several blocks of kRowsM rows, each block passes over the chunk, so the chunk is also capped
 // to stay in L2 meanwhile (kChunkBytes of W).
 constexpr int64_t kChunkBytes = int64_t{512} << 10;

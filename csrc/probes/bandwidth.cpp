@@ -36,12 +36,9 @@ uint64_t read_sum_scalar(const void* src, size_t n_bytes) {
 
 ReadSumFn read_sum_for(Isa isa) {
 #if PYINFER_X86
-  // The AVX-512 path reads with AVX2's loop. Streaming 512 MiB on huge pages on the Zen 4
-  // this was tuned on, 32-byte loads into 4 accumulators beat 64-byte
-  // loads into 4 or 8, an or-reduction by vpternlog, software prefetch 256 B to 2 KiB ahead
-  // and 2-4 streams per thread (medians, one run: 31.4 GB/s on one core against 28.6-29.4
-  // for zmm and 18-23 for several streams; 41.6 against 38-39.6 on two), and the probe must
-  // find the ceiling, not the cost of a load width.
+  // The AVX-512 path reads with AVX2's loop: 32-byte loads into 4 accumulators read fastest,
+  // and the probe must find the ceiling, not the cost of a load width (docs/tuning.md,
+  // "the read loop").
   if (isa == Isa::avx2 || isa == Isa::avx512) return read_sum_avx2;
 #endif
   (void)isa;
@@ -82,10 +79,10 @@ namespace {
 
 // Memory that large arrays of weights get: 2 MiB aligned and advised to transparent huge
 // pages. NumPy asks for huge pages on every large array (and the kernels read weights
-// through NumPy), and on this machine's Zen 4 a stream over 2 MiB pages reads 15-20% faster
-// than one over 4 KiB pages (fewer TLB misses and page walks in the way of the
-// prefetchers): a probe on small pages was no ceiling for a GEMV on huge ones. Where the
-// kernel grants no huge pages, neither does it to NumPy, and both use small pages.
+// through NumPy), and a stream over huge pages reads faster (fewer TLB misses), so a probe on
+// small pages was no ceiling for a GEMV on huge ones (docs/tuning.md, "arrays on huge
+// pages"). Where the kernel grants no huge pages, neither does it to NumPy, and both use
+// small pages.
 std::unique_ptr<uint8_t, FreeDeleter> alloc_like_weights(size_t n_bytes) {
   constexpr size_t kHugePage = size_t{2} << 20;
   const size_t alloc_bytes = (n_bytes + kHugePage - 1) / kHugePage * kHugePage;

@@ -94,10 +94,9 @@ PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
 
 // One row of W against MT activation rows; per element: four accumulators over each
 // 32-run of k, summed (a0 + a1) + (a2 + a3) at the end. One weight row at a time keeps a
-// GEMV to a single sequential stream: tiles of 2-8 rows, rows a few KiB apart, read F16
-// and BF16 at 14-22 GB/s where one row reads at the bandwidth probe's 31 GB/s (Zen 4, one
-// thread, huge pages). In a GEMM each weight load serves the MT activation rows. The
-// AVX-512 table uses these kernels too (see fill_matmul_avx512).
+// GEMV to a single sequential stream, which reads faster than tiles of several rows
+// (docs/tuning.md, "one weight row at a time"). In a GEMM each weight load serves the MT
+// activation rows. The AVX-512 table uses these kernels too (see fill_matmul_avx512).
 PYINFER_INLINE void exact_tile(int type, int MT, const uint8_t* row, const float* x, int64_t K,
                                float* y, int64_t ldy) {
   __m256 acc[2][4];

@@ -283,11 +283,8 @@ void matmul_fast_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, i
 void fill_matmul_avx512(KernelSet& t) {
   t.quantize_act = quantize_act_avx512;
   // Exact mode on F32, F16 and BF16 weights stays AVX2's (this table is filled over the AVX2
-  // one). On the Zen 4 this was tuned on, which splits zmm work into two 256-bit halves,
-  // ymm kernels read a GEMV's F16 rows at the bandwidth probe's rate where the same kernel
-  // on zmm (vcvtph2ps zmm) reached 77-80% of it, and run GEMMs 5-15% faster
-  // (one run, one thread, K = 2048: F16 GEMV 29.7 against 24.1 GB/s, probe 29-31; F16 GEMM
-  // at M = 64, 53 against 48 GFLOP/s, F32 47 against 40).
+  // one): where zmm work is split into two 256-bit halves the ymm kernels read and multiply
+  // faster (docs/tuning.md, "exact kernels stay AVX2's").
   t.matmul_fast[GGML_Q8_0] = matmul_fast_avx512<GGML_Q8_0>;
   t.matmul_fast[GGML_Q4_0] = matmul_fast_avx512<GGML_Q4_0>;
   t.matmul_fast[GGML_Q4_1] = matmul_fast_avx512<GGML_Q4_1>;

@@ -187,8 +187,8 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
     UNROLL for (int n = 0; n < NB; ++n) {
       kv[n] = kv16<F16>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
       // Pin the vector in a register: GCC would otherwise fold the load into each of the RG
-      // multiply-adds as a memory operand, RG loads where one will do (prefill attention took
-      // 40% longer).
+      // multiply-adds as a memory operand, RG loads where one will do (docs/tuning.md,
+      // "the key vector pinned in a register").
       __asm__("" : "+v"(kv[n]));
     }
     UNROLL for (int r = 0; r < RG; ++r) {
