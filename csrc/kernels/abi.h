@@ -20,7 +20,7 @@ using RmsNormFn = void (*)(const float* x, const float* w, float* out, int64_t n
 // In place, x[n_rows][row_stride] holding n_heads heads of head_dim (even, <= kRopeMaxDim)
 // each: row r rotated by the angles theta_i of its position, given as
 // cos_sin[r][head_dim] = (cos theta_0 .. cos theta_{half-1}, sin theta_0 .. sin theta_{half-1})
-// (rope_table in ops.h computes them once for every layer of a forward pass). Pairs are
+// (rope_table in ops/ops.h computes them once for every layer of a forward pass). Pairs are
 // (2i, 2i+1) (llama.cpp's normal mode, what llama-arch GGUFs expect) or, with neox,
 // (i, i + head_dim/2).
 using RopeFn = void (*)(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads,
