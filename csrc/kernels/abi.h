@@ -23,8 +23,8 @@ using RmsNormFn = void (*)(const float* x, const float* w, float* out, int64_t n
 // (rope_table in ops/ops.h computes them once for every layer of a forward pass). Pairs are
 // (2i, 2i+1) (llama.cpp's normal mode, what llama-arch GGUFs expect) or, with neox,
 // (i, i + head_dim/2).
-using RopeFn = void (*)(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads,
-                        int64_t head_dim, const float* cos_sin, bool neox);
+using RopeFn = void (*)(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+                        const float* cos_sin, bool neox);
 // out[n] = silu(gate) * up; out may alias either input.
 using SwigluFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
 // out[n] = a + b; out may alias either input.
@@ -42,9 +42,9 @@ constexpr int64_t kKeyBlock = 16;
 // first(r) = max(0, last + r + 1 - window) when window > 0, else 0; each of its heads gets
 // out = softmax(scale * K q) V over them.
 struct AttnTile {
-  const float* q;      // query (row r, head h) at q + r * q_stride + h * head_dim
+  const float* q;  // query (row r, head h) at q + r * q_stride + h * head_dim
   int64_t q_stride;
-  float* out;          // the same layout, out_stride
+  float* out;  // the same layout, out_stride
   int64_t out_stride;
   int64_t n_rows, n_heads;
   int64_t last, window;
@@ -63,9 +63,7 @@ struct AttnTile {
 // share its tile, so any tiling gives the same bits.
 using AttnFn = void (*)(const AttnTile& tile);
 // Scores one query of a tile keeps: from the start of first's key block to the end of last's.
-inline int64_t attn_span(int64_t first, int64_t last) {
-  return (last / kKeyBlock - first / kKeyBlock + 1) * kKeyBlock;
-}
+inline int64_t attn_span(int64_t first, int64_t last) { return (last / kKeyBlock - first / kKeyBlock + 1) * kKeyBlock; }
 // First position row r of a tile sees.
 inline int64_t attn_first(const AttnTile& t, int64_t r) {
   return t.window > 0 && t.last + r + 1 > t.window ? t.last + r + 1 - t.window : 0;
@@ -77,11 +75,11 @@ enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_TYPE_SLOTS = 2 };
 // points at the first of n_rows weight rows of w_row_bytes each (blocks as stored in GGUF),
 // y at the output column of that row. K is a multiple of 32.
 // Exact mode: float32 activations x[M, K] (row stride K), float32 accumulation.
-using MatmulExactFn = void (*)(const void* w, int64_t w_row_bytes, const float* x, int64_t M,
-                               int64_t K, int64_t n_rows, float* y, int64_t ldy);
+using MatmulExactFn = void (*)(const void* w, int64_t w_row_bytes, const float* x, int64_t M, int64_t K, int64_t n_rows,
+                               float* y, int64_t ldy);
 // Fast mode: activations quantized to xq[M, K/32] (see q8_act.h), integer dot products.
-using MatmulFastFn = void (*)(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M,
-                              int64_t K, int64_t n_rows, float* y, int64_t ldy);
+using MatmulFastFn = void (*)(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M, int64_t K,
+                              int64_t n_rows, float* y, int64_t ldy);
 // Quantize k floats (a multiple of 32) to k/32 activation blocks.
 using QuantizeActFn = void (*)(const float* x, block_q8a* dst, int64_t k);
 
@@ -108,8 +106,8 @@ struct KernelSet {
 
 // Each ISA's files fill their slots of a set; each function is defined in that ISA's files.
 void fill_dequant_scalar(KernelSet& t);  // dequantization
-void fill_ops_scalar(KernelSet& t);  // the small ops and attention
-void fill_matmul_scalar(KernelSet& t);  // matmul and activation quantization
+void fill_ops_scalar(KernelSet& t);      // the small ops and attention
+void fill_matmul_scalar(KernelSet& t);   // matmul and activation quantization
 #if PYINFER_X86
 void fill_dequant_avx2(KernelSet& t);
 void fill_dequant_avx512(KernelSet& t);

@@ -43,8 +43,8 @@ class LlamaModel final : public Model {
       throw std::invalid_argument("rope_base and rope_freq_scale must be > 0, rms_eps >= 0");
     const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
     tok_embd_ = t.take("token_embd.weight");
-    if (embedding_row_bytes(tok_embd_.type, c.n_embd) < 0 || tok_embd_.data == nullptr ||
-        tok_embd_.rows != c.n_vocab || tok_embd_.cols != c.n_embd)
+    if (embedding_row_bytes(tok_embd_.type, c.n_embd) < 0 || tok_embd_.data == nullptr || tok_embd_.rows != c.n_vocab ||
+        tok_embd_.cols != c.n_embd)
       throw std::invalid_argument("token_embd.weight: expected [" + std::to_string(c.n_vocab) + ", " +
                                   std::to_string(c.n_embd) + "] of a type with a dequantization kernel");
     const WeightRef factors = t.take("rope_freqs.weight");
@@ -84,8 +84,8 @@ class LlamaModel final : public Model {
     if (repack_weights) repack_all();
   }
 
-  void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
-               int64_t n_out, float* logits, Precision precision, int n_threads) const override;
+  void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows, int64_t n_out,
+               float* logits, Precision precision, int n_threads) const override;
 
  private:
   void repack_all() {
@@ -106,7 +106,7 @@ class LlamaModel final : public Model {
 
   float rms_eps_ = 1e-5f;
   RopeFreqs rope_;
-  WeightRef tok_embd_;                 // [n_vocab][n_embd]
+  WeightRef tok_embd_;  // [n_vocab][n_embd]
   std::vector<LlamaLayer> layers_;
   const float* output_norm_ = nullptr;  // [n_embd]
   WeightRef output_;                    // [n_vocab][n_embd]; the embedding table when tied
@@ -129,16 +129,15 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
   embedding(tok_embd_.data, tok_embd_.type, c.n_vocab, E, s.ids.data(), n_rows, x);
   // RoPE's cos and sin for each row's position, once for every layer.
   float* cos_sin = s.rope.data();  // [n_rows][hd]
-  for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-    rope_table(s.pos.data() + r0, n, hd, rope_, cos_sin + r0 * hd);
-  });
+  for_rows(n_threads, n_rows,
+           [&](int64_t r0, int64_t n) { rope_table(s.pos.data() + r0, n, hd, rope_, cos_sin + r0 * hd); });
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const LlamaLayer& L = layers_[static_cast<size_t>(il)];
     // Attention block. Q, K, V rows: side by side in one [n_rows][q_dim + 2 * kv_dim] output
     // when fused, else three blocks [n_rows][q_dim], [n_rows][kv_dim], [n_rows][kv_dim].
-    if (il == 0) for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      rms_norm_rows(x + r0 * E, L.attn_norm, xn + r0 * E, n, E, eps);
-    });
+    if (il == 0)
+      for_rows(n_threads, n_rows,
+               [&](int64_t r0, int64_t n) { rms_norm_rows(x + r0 * E, L.attn_norm, xn + r0 * E, n, E, eps); });
     float *q, *k, *v;
     int64_t qs, ks;
     if (precision == Precision::fast && L.qkv.packed != nullptr) {
@@ -158,8 +157,8 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
     });
     for (size_t i = 0; i < segs.size(); ++i) {
       const Segment& g = segs[i];
-      args[i] = AttentionArgs{q + g.row0 * qs, qs, attn + g.row0 * q_dim, q_dim, g.cache, il, g.pos, g.n,
-                              c.n_head, scale, 0};
+      args[i] =
+          AttentionArgs{q + g.row0 * qs, qs, attn + g.row0 * q_dim, q_dim, g.cache, il, g.pos, g.n, c.n_head, scale, 0};
     }
     append_and_attend(segs, il, k, v, ks, args, n_threads);
     matmul(L.wo, attn, n_rows, xn, precision, n_threads);

@@ -72,8 +72,7 @@ std::string shape_str(int64_t rows, int64_t cols) {
 void check_weight(const WeightRef& w, const std::string& name, int64_t rows, int64_t cols) {
   if (w.data == nullptr) throw std::invalid_argument("missing weight " + name);
   if (w.rows != rows || w.cols != cols)
-    throw std::invalid_argument(name + ": shape " + shape_str(w.rows, w.cols) + ", expected " +
-                                shape_str(rows, cols));
+    throw std::invalid_argument(name + ": shape " + shape_str(w.rows, w.cols) + ", expected " + shape_str(rows, cols));
   if (matmul_row_bytes(w.type, w.cols) < 0)
     throw std::invalid_argument(name + ": tensor type " + std::to_string(w.type) + " has no matmul kernel");
 }
@@ -191,8 +190,8 @@ std::vector<std::string> architectures() {
 // (row, head) items over the pool; several (a batched decode step) make one pool job of a
 // segment each, append and attention together, so the appends run in parallel and each is
 // still in cache when read.
-void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float* k, const float* v,
-                       int64_t kv_stride, const std::vector<AttentionArgs>& args, int n_threads) {
+void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float* k, const float* v, int64_t kv_stride,
+                       const std::vector<AttentionArgs>& args, int n_threads) {
   const auto append = [&](const Segment& g) {
     g.cache->append(il, k + g.row0 * kv_stride, kv_stride, v + g.row0 * kv_stride, kv_stride, g.pos, g.n);
   };
@@ -239,8 +238,7 @@ void Sequence::truncate(int64_t n) {
   if (n_past_ == 0) cache_.clear();
 }
 
-void Sequence::eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, Precision precision,
-                    int n_threads) {
+void Sequence::eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, Precision precision, int n_threads) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
   if (!lock.owns_lock()) throw std::runtime_error("this context is in use by another thread");
   const int64_t n_vocab = model_->dims().n_vocab;

@@ -11,17 +11,17 @@ namespace pyinfer {
 // cache's layer already holds. Query head h reads KV head h / (n_head / n_head_kv); query t
 // sees positions 0..pos+t, or the last `window` of them when window > 0.
 struct AttentionArgs {
-  const float* q;      // [n_q][q_stride], head h at h * head_dim
+  const float* q;  // [n_q][q_stride], head h at h * head_dim
   int64_t q_stride;
-  float* out;          // [n_q][out_stride], same head layout as q
+  float* out;  // [n_q][out_stride], same head layout as q
   int64_t out_stride;
   const KVCache* cache;
   int64_t layer;
   int64_t pos;
   int64_t n_q;
   int64_t n_head;
-  float scale;         // usually 1 / sqrt(head_dim)
-  int64_t window;      // 0: full causal attention
+  float scale;     // usually 1 / sqrt(head_dim)
+  int64_t window;  // 0: full causal attention
 };
 
 // Checks the arguments against the cache; throws std::invalid_argument.

@@ -60,9 +60,8 @@ void KVCache::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 KVCache::KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, KvType type)
     : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim), n_ctx_(n_ctx), type_(type) {
   if (n_layer < 1 || n_head_kv < 1 || head_dim < 1 || n_ctx < 1)
-    throw std::invalid_argument("KVCache needs n_layer, n_head_kv, head_dim and n_ctx >= 1; got " +
-                                str(n_layer) + ", " + str(n_head_kv) + ", " + str(head_dim) + ", " +
-                                str(n_ctx));
+    throw std::invalid_argument("KVCache needs n_layer, n_head_kv, head_dim and n_ctx >= 1; got " + str(n_layer) +
+                                ", " + str(n_head_kv) + ", " + str(head_dim) + ", " + str(n_ctx));
   if (type != KV_F32 && type != KV_F16) throw std::invalid_argument("KVCache: unknown element type");
   // Overflow guard for the size product: every factor is < 2^20 in any real model.
   const double elems = static_cast<double>(n_layer) * n_head_kv * head_dim * n_ctx;
@@ -85,17 +84,17 @@ int64_t KVCache::n_pos(int64_t layer) const {
 
 void KVCache::clear() { n_pos_.assign(n_pos_.size(), 0); }
 
-void KVCache::append(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-                     int64_t pos, int64_t m) {
+void KVCache::append(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t pos,
+                     int64_t m) {
   check_layer(layer);
   const int64_t have = n_pos_[static_cast<size_t>(layer)];
   if (m < 0) throw std::invalid_argument("append: negative number of positions");
   if (pos < 0 || pos > have)
-    throw std::invalid_argument("append at position " + str(pos) + ": layer " + str(layer) + " holds " +
-                                str(have) + " positions, so pos must be in [0, " + str(have) + "]");
+    throw std::invalid_argument("append at position " + str(pos) + ": layer " + str(layer) + " holds " + str(have) +
+                                " positions, so pos must be in [0, " + str(have) + "]");
   if (pos + m > n_ctx_)
-    throw std::invalid_argument("KV cache full: appending " + str(m) + " positions at " + str(pos) +
-                                " needs " + str(pos + m) + ", capacity is n_ctx=" + str(n_ctx_));
+    throw std::invalid_argument("KV cache full: appending " + str(m) + " positions at " + str(pos) + " needs " +
+                                str(pos + m) + ", capacity is n_ctx=" + str(n_ctx_));
   const F32ToF16Fn to_f16 = kernels().f32_to_f16;
   const size_t row_bytes = static_cast<size_t>(head_dim_) * elem_size();
   const int64_t end = pos + m, block_elems = head_dim_ * kKeyBlock;

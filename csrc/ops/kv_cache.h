@@ -36,8 +36,8 @@ class KVCache {
   // Write m new positions pos..pos+m-1 of one layer: k, v [m][stride] rows holding n_head_kv
   // heads of head_dim floats each (K already rotated). Needs pos <= n_pos(layer) and
   // pos + m <= n_ctx.
-  void append(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-              int64_t pos, int64_t m);
+  void append(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t pos,
+              int64_t m);
 
   // Start of the key blocks (see above) and of the values ([n_ctx][head_dim]) of (layer, KV head).
   const void* k(int64_t layer, int64_t head) const { return k_.get() + k_offset(layer, head); }

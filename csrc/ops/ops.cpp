@@ -4,8 +4,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/dispatch.h"
 #include "kernels/rope_angles.h"
+#include "runtime/dispatch.h"
 
 namespace pyinfer {
 
@@ -46,17 +46,16 @@ int64_t embedding_row_bytes(uint32_t type, int64_t dim) {
   return dim / ts.block_elems * static_cast<int64_t>(ts.block_bytes);
 }
 
-void embedding(const void* table, uint32_t type, int64_t n_rows, int64_t dim, const int64_t* ids,
-               int64_t n_ids, float* out) {
+void embedding(const void* table, uint32_t type, int64_t n_rows, int64_t dim, const int64_t* ids, int64_t n_ids,
+               float* out) {
   const int64_t row_bytes = embedding_row_bytes(type, dim);
   if (row_bytes < 0)
-    throw std::invalid_argument("embedding: type id " + std::to_string(type) + " with dim " +
-                                std::to_string(dim) +
+    throw std::invalid_argument("embedding: type id " + std::to_string(type) + " with dim " + std::to_string(dim) +
                                 " has no row kernel (dim must be a multiple of the block size)");
   for (int64_t i = 0; i < n_ids; ++i)
     if (ids[i] < 0 || ids[i] >= n_rows)
-      throw std::invalid_argument("embedding: row id " + std::to_string(ids[i]) + " at index " +
-                                  std::to_string(i) + " is outside [0, " + std::to_string(n_rows) + ")");
+      throw std::invalid_argument("embedding: row id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                                  " is outside [0, " + std::to_string(n_rows) + ")");
   const DequantRowFn fn = kernels().dequant_row[type];
   const auto* base = static_cast<const uint8_t*>(table);
   for (int64_t i = 0; i < n_ids; ++i) fn(base + ids[i] * row_bytes, out + i * dim, dim);

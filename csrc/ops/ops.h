@@ -40,7 +40,7 @@ void dequantize_row(uint32_t type, const void* src, float* dst, int64_t n);
 int64_t embedding_row_bytes(uint32_t type, int64_t dim);
 // out[n_ids][dim] = rows ids[] of table (n_rows rows of the type's GGUF encoding), as float32.
 // Throws std::invalid_argument for an id outside [0, n_rows) or an unsupported type.
-void embedding(const void* table, uint32_t type, int64_t n_rows, int64_t dim, const int64_t* ids,
-               int64_t n_ids, float* out);
+void embedding(const void* table, uint32_t type, int64_t n_rows, int64_t dim, const int64_t* ids, int64_t n_ids,
+               float* out);
 
 }  // namespace pyinfer

@@ -15,9 +15,7 @@ namespace {
 // multiply would do anyway, so every product matches the scalar path.
 inline float scale_f32(const void* p) { return _cvtsh_ss(load_u16_le(p)); }
 
-inline void store8(float* dst, __m256i q, __m256 d) {
-  _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
-}
+inline void store8(float* dst, __m256i q, __m256 d) { _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d)); }
 
 // Bytes 0..7 (lo8) or 8..15 (hi8) of v, zero- (_u) or sign-extended (_s) to 8 int32.
 inline __m256i lo8_u(__m128i v) { return _mm256_cvtepu8_epi32(v); }
@@ -36,10 +34,10 @@ inline __m256 f16x8(__m128i h) {
   const __m256i w = _mm256_cvtepu16_epi32(h);
   const __m256i exp_mask = _mm256_set1_epi32(0x7c00);
   const __m256i exp_all_ones = _mm256_cmpeq_epi32(_mm256_and_si256(w, exp_mask), exp_mask);
-  const __m256i special = _mm256_or_si256(
-      _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x8000)), 16),
-                      _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x03ff)), 13)),
-      _mm256_set1_epi32(0x7f800000));
+  const __m256i special =
+      _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x8000)), 16),
+                                      _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x03ff)), 13)),
+                      _mm256_set1_epi32(0x7f800000));
   return _mm256_blendv_ps(f, _mm256_castsi256_ps(special), _mm256_castsi256_ps(exp_all_ones));
 }
 
@@ -104,8 +102,7 @@ void dequant_q4_1_avx2(const void* src, float* dst, int64_t n) {
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
     const __m256i q[4] = {lo8_u(lo), hi8_u(lo), lo8_u(hi), hi8_u(hi)};
     for (int k = 0; k < 4; ++k)
-      _mm256_storeu_ps(dst + 8 * k,
-                       _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), d), m));
+      _mm256_storeu_ps(dst + 8 * k, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), d), m));
   }
 }
 
@@ -117,8 +114,8 @@ void dequant_q5_0_avx2(const void* src, float* dst, int64_t n) {
   for (int64_t ib = 0; ib < n / QK5_0; ++ib, dst += QK5_0) {
     const __m256 d = _mm256_set1_ps(scale_f32(&b[ib].d));
     const uint8_t* h = b[ib].qh;
-    const __m256i qh = _mm256_set1_epi32(
-        static_cast<int>(h[0] | (h[1] << 8) | (h[2] << 16) | (static_cast<uint32_t>(h[3]) << 24)));
+    const __m256i qh =
+        _mm256_set1_epi32(static_cast<int>(h[0] | (h[1] << 8) | (h[2] << 16) | (static_cast<uint32_t>(h[3]) << 24)));
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[ib].qs));
     const __m128i lo = _mm_and_si128(raw, m4);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
@@ -149,8 +146,8 @@ void dequant_q4_K_avx2(const void* src, float* dst, int64_t n) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
       const __m256i lo = _mm256_and_si256(raw, m4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-      const __m128i part[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1),
-                               _mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)};
+      const __m128i part[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1), _mm256_castsi256_si128(hi),
+                               _mm256_extracti128_si256(hi, 1)};
       for (int k = 0; k < 4; ++k) {
         const __m256 dk = k < 2 ? d1 : d2, mk = k < 2 ? m1 : m2;
         const __m256 a = _mm256_cvtepi32_ps(lo8_u(part[k]));

@@ -201,8 +201,7 @@ inline __m256 kv8_full(const void* p, int64_t idx) {
 // each score is one multiply-add chain over d = 0..head_dim-1 in order, so its bits do not
 // depend on RG or NB.
 template <int RG, int NB, bool F16>
-inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s,
-                         int64_t ls) {
+inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls) {
   __m256 acc[RG][2 * NB];
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int n = 0; n < 2 * NB; ++n) acc[r][n] = _mm256_setzero_ps();

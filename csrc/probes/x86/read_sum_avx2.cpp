@@ -30,8 +30,7 @@ uint64_t read_sum_avx2(const void* src, size_t n_bytes) {
   for (; i < n; ++i) a0 = _mm256_add_epi64(a0, _mm256_load_si256(p + i));
   const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
   const __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-  return static_cast<uint64_t>(_mm_cvtsi128_si64(t)) +
-         static_cast<uint64_t>(_mm_extract_epi64(t, 1));
+  return static_cast<uint64_t>(_mm_cvtsi128_si64(t)) + static_cast<uint64_t>(_mm_extract_epi64(t, 1));
 }
 
 }  // namespace pyinfer
