@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +91,25 @@ def test_tuning_references_name_a_section():
     assert refs, "no code comment points at docs/tuning.md"
     for p, r in refs:
         assert any(r.lower() in h for h in headings), f"csrc/{_rel(p)} points at {r!r}, no heading of {TUNING.name}"
+
+
+# The version the test extras pin: other majors lay some constructs out differently.
+CLANG_FORMAT_MAJOR = 23
+
+
+def _clang_format() -> str | None:
+    beside = Path(sys.executable).with_name("clang-format")  # the venv's, from the PyPI wheel
+    return str(beside) if beside.is_file() else shutil.which("clang-format")
+
+
+def test_csrc_is_clang_formatted():
+    exe = _clang_format()
+    if exe is None:
+        pytest.skip("clang-format is not installed (pip install '.[test]')")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True).stdout
+    major = re.search(r"version (\d+)\.", version)
+    if major is None or int(major.group(1)) != CLANG_FORMAT_MAJOR:
+        pytest.skip(f"{version.strip()} is not the pinned clang-format {CLANG_FORMAT_MAJOR} (pip install '.[test]')")
+    r = subprocess.run([exe, "--dry-run", "--Werror", *map(str, SOURCES)], cwd=CSRC.parent,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, "clang-format -i the files below:\n" + r.stderr[-4000:]
