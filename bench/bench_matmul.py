@@ -59,7 +59,7 @@ def validate(x: np.ndarray, raw: np.ndarray, w_type: int, n: int, k: int, n_thre
     """The first 256 rows against the NumPy reference, and the whole call against 1 thread."""
     rows = min(n, 256)
     row_bytes = raw.size // n
-    y = _C.matmul(x, raw[: rows * row_bytes], w_type, rows, k, mode="fast")
+    y = _C.matmul(x, raw[: rows * row_bytes], w_type, rows, k, precision="fast")
     if w_type in (0, 1, 30):
         ref = R.matmul_exact(x, raw[: rows * row_bytes], w_type, rows, k)
         wd = quants.dequantize(raw[: rows * row_bytes], w_type).reshape(rows, k)
@@ -70,8 +70,8 @@ def validate(x: np.ndarray, raw: np.ndarray, w_type: int, n: int, k: int, n_thre
     if not np.all(np.abs(y - ref) <= bound):
         raise SystemExit(f"validation failed for type {w_type}: max error {np.abs(y - ref).max():.3g}")
     if n_threads > 1:
-        y1 = _C.matmul(x, raw, w_type, n, k, mode="fast", n_threads=1)
-        yt = _C.matmul(x, raw, w_type, n, k, mode="fast", n_threads=n_threads)
+        y1 = _C.matmul(x, raw, w_type, n, k, precision="fast", n_threads=1)
+        yt = _C.matmul(x, raw, w_type, n, k, precision="fast", n_threads=n_threads)
         if not np.array_equal(y1, yt):
             raise SystemExit(f"type {w_type}: {n_threads} threads differ from 1 thread")
 
@@ -84,10 +84,10 @@ def check_packed(x: np.ndarray, raw: np.ndarray, packed: np.ndarray, w_type: int
     isa = _C.get_isa()
     _C.set_isa("scalar")
     try:
-        want = _C.matmul(x, raw, w_type, n, k, mode="fast")
+        want = _C.matmul(x, raw, w_type, n, k, precision="fast")
     finally:
         _C.set_isa(isa)
-    if not np.array_equal(_C.matmul(x, packed, w_type, n, k, mode="fast", packed=True, n_threads=n_threads), want):
+    if not np.array_equal(_C.matmul(x, packed, w_type, n, k, precision="fast", packed=True, n_threads=n_threads), want):
         raise SystemExit(f"type {w_type}: packed result differs from the scalar reference kernel")
 
 
@@ -136,12 +136,12 @@ def main() -> None:
             probe_gbps: list[float] = []
             secs: dict[str, list[float]] = {layout: [] for layout, _, _ in layouts}
             for layout, w, is_packed in layouts:  # warm-up
-                _C.matmul(x, w, w_type, n, k, mode="fast", n_threads=t, out=out, packed=is_packed)
+                _C.matmul(x, w, w_type, n, k, precision="fast", n_threads=t, out=out, packed=is_packed)
             for _ in range(args.repeats):
                 probe_gbps += pyinfer.measure_read_bandwidth(512 << 20, n_threads=t, repeats=1)["gbps"]
                 for layout, w, is_packed in layouts:
                     t0 = time.perf_counter()
-                    _C.matmul(x, w, w_type, n, k, mode="fast", n_threads=t, out=out, packed=is_packed)
+                    _C.matmul(x, w, w_type, n, k, precision="fast", n_threads=t, out=out, packed=is_packed)
                     secs[layout].append(time.perf_counter() - t0)
             probe = statistics.median(probe_gbps)
             for layout, _, _ in layouts:
@@ -167,7 +167,7 @@ def main() -> None:
                     validate(x[:4], raw, w_type, gn, gk, t)
                     check_packed(x[:4], raw, packed, w_type, gn, gk, t)
                     for layout, w, is_packed in [("blocks", raw, False), ("packed16", packed, True)]:
-                        secs = time_matmul(max(3, args.repeats // 2), x, w, w_type, gn, gk, mode="fast",
+                        secs = time_matmul(max(3, args.repeats // 2), x, w, w_type, gn, gk, precision="fast",
                                            n_threads=t, packed=is_packed)
                         gops = 2 * m * gn * gk / statistics.median(secs) / 1e9
                         gemm.append({"type": tname, "layout": layout, "m": m, "n": gn, "k": gk, "threads": t,

@@ -9,14 +9,16 @@
 #include <string>
 #include <vector>
 
-#include "bandwidth.h"
-#include "cpu_features.h"
-#include "dispatch.h"
-#include "kv_cache.h"
-#include "ops.h"
-#include "matmul.h"
 #include "models/model.h"
-#include "threadpool.h"
+#include "ops/attention.h"
+#include "ops/kv_cache.h"
+#include "ops/matmul.h"
+#include "ops/ops.h"
+#include "probes/bandwidth.h"
+#include "probes/int8_peak.h"
+#include "runtime/cpu_features.h"
+#include "runtime/isa.h"
+#include "runtime/threadpool.h"
 
 namespace py = pybind11;
 using namespace pyinfer;
@@ -56,7 +58,7 @@ py::dict cpu_info() {
   out["features"] = features;
   out["compiled"] = compiled;
   out["available"] = available;
-  out["isa"] = isa_name(kernels().isa);
+  out["isa"] = isa_name(active_isa());
   return out;
 }
 
@@ -86,12 +88,10 @@ py::dict type_traits_py() {
 }
 
 // Dequantize a 1-D uint8 array of raw GGUF blocks into a new float32 array of n elements.
-py::array_t<float> dequantize(uint32_t type, py::array_t<uint8_t, py::array::c_style> raw,
-                              int64_t n) {
+py::array_t<float> dequantize(uint32_t type, py::array_t<uint8_t, py::array::c_style> raw, int64_t n) {
   const TypeSize ts = type_size(type);
   if (ts.block_elems == 0) throw py::value_error("unsupported tensor type id " + std::to_string(type));
-  const DequantRowFn fn = type < GGML_TYPE_SLOTS ? kernels().dequant_row[type] : nullptr;
-  if (fn == nullptr) throw py::value_error("no dequantization kernel for type id " + std::to_string(type));
+  if (!has_dequant_kernel(type)) throw py::value_error("no dequantization kernel for type id " + std::to_string(type));
   if (n < 0 || n % ts.block_elems != 0)
     throw py::value_error("n=" + std::to_string(n) + " is not a multiple of the block size " +
                           std::to_string(ts.block_elems));
@@ -104,7 +104,7 @@ py::array_t<float> dequantize(uint32_t type, py::array_t<uint8_t, py::array::c_s
   float* dst = out.mutable_data();
   {
     py::gil_scoped_release release;
-    fn(src, dst, n);
+    dequantize_row(type, src, dst, n);
   }
   return out;
 }
@@ -135,7 +135,7 @@ double int8_peak_py(double min_seconds) {
     r = int8_peak_rate(min_seconds);
   }
   if (r <= 0)
-    throw std::runtime_error(std::string("the active ISA (") + isa_name(kernels().isa) +
+    throw std::runtime_error(std::string("the active ISA (") + isa_name(active_isa()) +
                              ") has no int8 dot-product instruction");
   return r;
 }
@@ -152,38 +152,41 @@ py::dict stream_bandwidth(const std::string& kernel, size_t n_bytes, int n_threa
   return bandwidth_dict(r);
 }
 
+// "fast" or "exact", the word Python uses for the matmul path (Precision in ops/matmul.h).
+Precision parse_precision(const std::string& precision) {
+  if (precision == "fast") return Precision::fast;
+  if (precision == "exact") return Precision::exact;
+  throw py::value_error("precision must be 'fast' or 'exact', got '" + precision + "'");
+}
+
 // y[M, N] = x[M, K] @ W[N, K]^T. w is any C-contiguous array holding exactly N rows of the
 // type's GGUF encoding (raw uint8 bytes, or e.g. float16 [N, K]); nothing is copied.
 py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t n, int64_t k,
-                             const std::string& mode, int n_threads, std::optional<py::array> out,
-                             bool packed) {
-  MatmulMode md;
-  if (mode == "fast") md = MatmulMode::fast;
-  else if (mode == "exact") md = MatmulMode::exact;
-  else throw py::value_error("mode must be 'fast' or 'exact', got '" + mode + "'");
+                             const std::string& precision, int n_threads, std::optional<py::array> out, bool packed) {
+  const Precision p = parse_precision(precision);
   if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
   const int64_t row_bytes = matmul_row_bytes(w_type, k);
   if (row_bytes < 0)
-    throw py::value_error("matmul takes weight types with a matmul or dequantization kernel, k a "
-                          "positive multiple of 32 and of the type's block size; got type id " +
-                          std::to_string(w_type) + ", k=" + std::to_string(k));
+    throw py::value_error(
+        "matmul takes weight types with a matmul or dequantization kernel, k a "
+        "positive multiple of 32 and of the type's block size; got type id " +
+        std::to_string(w_type) + ", k=" + std::to_string(k));
   if (n < 1) throw py::value_error("n must be >= 1");
   const auto c_contig = [](const py::array& a) { return (a.flags() & py::array::c_style) != 0; };
   if (!py::isinstance<py::array_t<float>>(x) || x.ndim() != 2 || !c_contig(x) || x.shape(1) != k)
-    throw py::value_error("x must be a C-contiguous float32 array of shape (M, k=" +
-                          std::to_string(k) + ")");
+    throw py::value_error("x must be a C-contiguous float32 array of shape (M, k=" + std::to_string(k) + ")");
   if (packed && packed_bytes(w_type, n, k) < 0)
     throw py::value_error("packed weights are Q8_0, Q4_0 or Q4_1 (from repack)");
   const int64_t w_bytes = packed ? packed_bytes(w_type, n, k) : n * row_bytes;
   if (!c_contig(w) || w.nbytes() != w_bytes)
     throw py::value_error(std::string("w must be a C-contiguous array of exactly ") +
-                          (packed ? "repack's " : "n rows of the type: ") + std::to_string(w_bytes) +
-                          " bytes, got " + std::to_string(w.nbytes()));
+                          (packed ? "repack's " : "n rows of the type: ") + std::to_string(w_bytes) + " bytes, got " +
+                          std::to_string(w.nbytes()));
   const int64_t M = x.shape(0);
   py::array_t<float> y;
   if (out) {
-    if (!py::isinstance<py::array_t<float>>(*out) || out->ndim() != 2 || !c_contig(*out) ||
-        out->shape(0) != M || out->shape(1) != n || !out->writeable())
+    if (!py::isinstance<py::array_t<float>>(*out) || out->ndim() != 2 || !c_contig(*out) || out->shape(0) != M ||
+        out->shape(1) != n || !out->writeable())
       throw py::value_error("out must be a writeable C-contiguous float32 array of shape (M, n)");
     y = py::reinterpret_borrow<py::array_t<float>>(*out);
   } else {
@@ -194,15 +197,16 @@ py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t 
     const auto* ab = static_cast<const char*>(a.data());
     return ab < yb + y.nbytes() && yb < ab + a.nbytes();
   };
-  if (y.nbytes() > 0 && (overlaps(x) || overlaps(w)))
-    throw py::value_error("out must not overlap x or w");
+  if (y.nbytes() > 0 && (overlaps(x) || overlaps(w))) throw py::value_error("out must not overlap x or w");
   const float* xp = static_cast<const float*>(x.data());
   const void* wp = w.data();
   float* yp = y.mutable_data();
   {
     py::gil_scoped_release release;
-    if (packed) matmul_packed(xp, M, k, wp, w_type, n, yp, md, n_threads);
-    else matmul(xp, M, k, wp, w_type, n, yp, md, n_threads);
+    if (packed)
+      matmul_packed(xp, M, k, wp, w_type, n, yp, p, n_threads);
+    else
+      matmul(xp, M, k, wp, w_type, n, yp, p, n_threads);
   }
   return y;
 }
@@ -237,8 +241,8 @@ bool same_shape(const py::array& a, const py::array& b) {
 py::array_t<float> out_like(const std::optional<py::array>& out, const py::array& like) {
   if (!out) return py::array_t<float>(std::vector<py::ssize_t>(like.shape(), like.shape() + like.ndim()));
   if (!is_c_f32(*out) || !out->writeable() || !same_shape(*out, like))
-    throw py::value_error("out must be a writeable C-contiguous float32 array of shape " + shape_str(like) +
-                          ", got " + shape_str(*out));
+    throw py::value_error("out must be a writeable C-contiguous float32 array of shape " + shape_str(like) + ", got " +
+                          shape_str(*out));
   return py::reinterpret_borrow<py::array_t<float>>(*out);
 }
 
@@ -255,8 +259,7 @@ py::array_t<float> rms_norm_py(py::array x, py::array w, float eps, std::optiona
   require_f32(w, "w");
   const auto [rows, n] = rows_of(x, "x");
   if (w.ndim() != 1 || w.shape(0) != n)
-    throw py::value_error("w must have shape (" + std::to_string(n) + ",) to match x's last axis, got " +
-                          shape_str(w));
+    throw py::value_error("w must have shape (" + std::to_string(n) + ",) to match x's last axis, got " + shape_str(w));
   if (!(eps >= 0.0f)) throw py::value_error("eps must be >= 0");
   py::array_t<float> y = out_like(out, x);
   const float* xp = static_cast<const float*>(x.data());
@@ -300,8 +303,7 @@ py::array rope_py(py::array x, py::object pos, int64_t n_heads, int64_t head_dim
     for (int64_t t = 0; t < m; ++t) positions[static_cast<size_t>(t)] = p0 + t;
   } else {
     const auto pa = py::array::ensure(pos);
-    if (!pa || pa.ndim() != 1 || pa.shape(0) != m ||
-        (pa.dtype().kind() != 'i' && pa.dtype().kind() != 'u'))
+    if (!pa || pa.ndim() != 1 || pa.shape(0) != m || (pa.dtype().kind() != 'i' && pa.dtype().kind() != 'u'))
       throw py::value_error("pos must be an int (positions pos..pos+M-1) or a 1-D integer array of M=" +
                             std::to_string(m) + " positions");
     const auto p64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(pa);
@@ -314,15 +316,15 @@ py::array rope_py(py::array x, py::object pos, int64_t n_heads, int64_t head_dim
     py::gil_scoped_release release;
     std::vector<float> cos_sin(static_cast<size_t>(m * head_dim));
     rope_table(positions.data(), m, head_dim, freqs, cos_sin.data());
-    kernels().rope_f32(xp, m, width, n_heads, head_dim, cos_sin.data(), neox);
+    rope_rows(xp, m, width, n_heads, head_dim, cos_sin.data(), neox);
   }
   return x;
 }
 
 // Elementwise out = fn(a, b) over two float32 arrays of one shape.
 template <class Fn>
-py::array_t<float> binary_py(py::array a, py::array b, std::optional<py::array> out, const char* an,
-                             const char* bn, Fn fn) {
+py::array_t<float> binary_py(py::array a, py::array b, std::optional<py::array> out, const char* an, const char* bn,
+                             Fn fn) {
   require_f32(a, an);
   require_f32(b, bn);
   if (!same_shape(a, b))
@@ -370,8 +372,7 @@ py::array_t<float> embedding_py(py::array table, uint32_t type, py::object ids, 
   const int64_t n_ids = id64.size();
   py::array_t<float> y;
   if (out) {
-    if (!is_c_f32(*out) || !out->writeable() || out->ndim() != 2 || out->shape(0) != n_ids ||
-        out->shape(1) != dim)
+    if (!is_c_f32(*out) || !out->writeable() || out->ndim() != 2 || out->shape(0) != n_ids || out->shape(1) != dim)
       throw py::value_error("out must be a writeable C-contiguous float32 array of shape (" + std::to_string(n_ids) +
                             ", " + std::to_string(dim) + ")");
     y = py::reinterpret_borrow<py::array_t<float>>(*out);
@@ -426,8 +427,8 @@ py::array kv_view(py::object self, int64_t layer, bool values) {
   const std::vector<py::ssize_t> shape{c.n_head_kv(), c.n_ctx(), c.head_dim()};
   py::array a;
   if (values) {
-    a = py::array(kv_dtype(c.type()), shape, {c.n_ctx() * c.head_dim() * es, c.head_dim() * es, es},
-                  c.v(layer, 0), self);
+    a = py::array(kv_dtype(c.type()), shape, {c.n_ctx() * c.head_dim() * es, c.head_dim() * es, es}, c.v(layer, 0),
+                  self);
   } else {
     a = py::array(kv_dtype(c.type()), shape);
     c.copy_keys(layer, a.mutable_data());
@@ -566,15 +567,9 @@ PyModel make_model_py(const std::string& arch, const py::dict& params, const py:
   return out;
 }
 
-MatmulMode parse_mode(const std::string& mode) {
-  if (mode == "fast") return MatmulMode::fast;
-  if (mode == "exact") return MatmulMode::exact;
-  throw py::value_error("precision must be 'fast' or 'exact', got '" + mode + "'");
-}
-
 // Runs ids (int32 [n]) through the context; logits is float32 [n or 1, n_vocab], written in place.
-void sequence_eval_py(Sequence& ctx, py::array ids, py::array logits, bool all_logits,
-                   const std::string& mode, int n_threads) {
+void sequence_eval_py(Sequence& ctx, py::array ids, py::array logits, bool all_logits, const std::string& precision,
+                      int n_threads) {
   if (ids.ndim() != 1 || !ids.dtype().is(py::dtype::of<int32_t>()) || !(ids.flags() & py::array::c_style))
     throw py::value_error("ids must be a 1-D C-contiguous int32 array");
   const int64_t n = ids.shape(0);
@@ -582,9 +577,9 @@ void sequence_eval_py(Sequence& ctx, py::array ids, py::array logits, bool all_l
   const int64_t n_vocab = ctx.n_vocab();
   if (!is_c_f32(logits) || !logits.writeable() || logits.ndim() != 2 || logits.shape(0) != rows ||
       logits.shape(1) != n_vocab)
-    throw py::value_error("logits must be a writeable C-contiguous float32 array [" + std::to_string(rows) +
-                          ", " + std::to_string(n_vocab) + "]");
-  const MatmulMode m = parse_mode(mode);
+    throw py::value_error("logits must be a writeable C-contiguous float32 array [" + std::to_string(rows) + ", " +
+                          std::to_string(n_vocab) + "]");
+  const Precision m = parse_precision(precision);
   const auto* p_ids = static_cast<const int32_t*>(ids.data());
   auto* p_logits = static_cast<float*>(logits.mutable_data());
   py::gil_scoped_release release;
@@ -593,19 +588,19 @@ void sequence_eval_py(Sequence& ctx, py::array ids, py::array logits, bool all_l
 
 // One token for each of len(contexts) sequences in one forward pass: ids int32 [n], logits
 // float32 [n, n_vocab] written in place.
-void batch_decode_py(Batch& batch, const std::vector<Sequence*>& contexts, py::array ids,
-                           py::array logits, const std::string& mode, int n_threads) {
+void batch_decode_py(Batch& batch, const std::vector<Sequence*>& contexts, py::array ids, py::array logits,
+                     const std::string& precision, int n_threads) {
   const int64_t n = static_cast<int64_t>(contexts.size());
   if (ids.ndim() != 1 || !ids.dtype().is(py::dtype::of<int32_t>()) || !(ids.flags() & py::array::c_style) ||
       ids.shape(0) != n)
-    throw py::value_error("ids must be a 1-D C-contiguous int32 array of one id per context (" +
-                          std::to_string(n) + ")");
+    throw py::value_error("ids must be a 1-D C-contiguous int32 array of one id per context (" + std::to_string(n) +
+                          ")");
   const int64_t n_vocab = n > 0 && contexts[0] != nullptr ? contexts[0]->n_vocab() : 0;
   if (!is_c_f32(logits) || !logits.writeable() || logits.ndim() != 2 || logits.shape(0) != n ||
       logits.shape(1) != n_vocab)
     throw py::value_error("logits must be a writeable C-contiguous float32 array [" + std::to_string(n) + ", " +
                           std::to_string(n_vocab) + "]");
-  const MatmulMode m = parse_mode(mode);
+  const Precision m = parse_precision(precision);
   const auto* p_ids = static_cast<const int32_t*>(ids.data());
   auto* p_logits = static_cast<float*>(logits.mutable_data());
   py::gil_scoped_release release;
@@ -617,28 +612,26 @@ void batch_decode_py(Batch& batch, const std::vector<Sequence*>& contexts, py::a
 PYBIND11_MODULE(_C, m) {
   m.doc() = "pyinfer's C++ kernels";
   // Resolve PYINFER_ISA now: a bad value fails the import with its message, not a later call.
-  (void)kernels();
+  (void)active_isa();
 
   m.def("cpu_info", &cpu_info, "Detected CPU features, compiled and available ISA paths, the active one.");
-  m.def("get_isa", [] { return std::string(isa_name(kernels().isa)); }, "The active ISA path.");
-  m.def("set_isa", [](const std::string& name) { set_isa(parse_isa(name)); }, py::arg("name"),
-        "Switch the active ISA path: 'scalar', 'avx2' or 'avx512'.");
-  m.def("type_traits", &type_traits_py,
-        "The per-type traits table of the C++ code: {ggml type id: {field: value}}.");
+  m.def("get_isa", [] { return std::string(isa_name(active_isa())); }, "The active ISA path.");
+  m.def(
+      "set_isa", [](const std::string& name) { set_isa(parse_isa(name)); }, py::arg("name"),
+      "Switch the active ISA path: 'scalar', 'avx2' or 'avx512'.");
+  m.def("type_traits", &type_traits_py, "The per-type traits table of the C++ code: {ggml type id: {field: value}}.");
   m.def("dequantize", &dequantize, py::arg("type"), py::arg("raw"), py::arg("n"),
         "Dequantize n elements of raw GGUF blocks of the given type id to float32.");
-  m.def("read_bandwidth", &read_bandwidth, py::arg("n_bytes") = size_t(512) << 20,
-        py::arg("n_threads") = 1, py::arg("repeats") = 10,
-        "Time `repeats` passes reading an n_bytes array with n_threads threads.");
+  m.def("read_bandwidth", &read_bandwidth, py::arg("n_bytes") = size_t(512) << 20, py::arg("n_threads") = 1,
+        py::arg("repeats") = 10, "Time `repeats` passes reading an n_bytes array with n_threads threads.");
   m.def("stream_bandwidth", &stream_bandwidth, py::arg("kernel"), py::arg("n_bytes") = size_t(512) << 20,
         py::arg("n_threads") = 1, py::arg("repeats") = 10,
         "Time `repeats` passes of STREAM's copy or triad over arrays of about n_bytes in all; "
         "n_bytes in the result counts bytes read plus written per pass.");
-  m.def("matmul", &matmul_py, py::arg("x"), py::arg("w"), py::arg("w_type"), py::arg("n"),
-        py::arg("k"), py::kw_only(), py::arg("mode") = "fast", py::arg("n_threads") = 1,
-        py::arg("out") = py::none(), py::arg("packed") = false,
+  m.def("matmul", &matmul_py, py::arg("x"), py::arg("w"), py::arg("w_type"), py::arg("n"), py::arg("k"), py::kw_only(),
+        py::arg("precision") = "fast", py::arg("n_threads") = 1, py::arg("out") = py::none(), py::arg("packed") = false,
         "y[M, n] = x[M, k] @ W[n, k]^T for W of a GGUF type id with a matmul or dequantization "
-        "kernel, as stored; mode 'fast' (int8 activations, integer dots, for Q8_0, Q4_0 and Q4_1; "
+        "kernel, as stored; precision 'fast' (int8 activations, integer dots, for Q8_0, Q4_0 and Q4_1; "
         "the exact path for other types) or 'exact' (float32).");
   m.def("repack", &repack_py, py::arg("w"), py::arg("w_type"), py::arg("n"), py::arg("k"),
         "Q8_0/Q4_0/Q4_1 weights of n rows -> the 16-row interleaved layout matmul(packed=True) "
@@ -651,36 +644,39 @@ PYBIND11_MODULE(_C, m) {
   m.def("quantize_activations", &quantize_activations_py, py::arg("x"),
         "Fast-mode activation quantization of x[M, K]: (q int8 [M, K], d float32 [M, K/32], "
         "sum int32 [M, K/32], h int8 [M, K/32], jo int32 [M, K/32]).");
-  m.def("pool_size", [] { return pool_size(); },
-        "Threads a kernel call can use without growing the pool (workers + the caller).");
-  m.def("set_pool_size", [](int n_threads) {
-          if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
-          py::gil_scoped_release release;
-          pool_resize(n_threads);
-        }, py::arg("n_threads"),
-        "Start or stop workers so the pool serves n_threads threads (the caller included).");
+  m.def(
+      "pool_size", [] { return pool_size(); },
+      "Threads a kernel call can use without growing the pool (workers + the caller).");
+  m.def(
+      "set_pool_size",
+      [](int n_threads) {
+        if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
+        py::gil_scoped_release release;
+        pool_resize(n_threads);
+      },
+      py::arg("n_threads"), "Start or stop workers so the pool serves n_threads threads (the caller included).");
 
   // ---- small ops, KV cache, attention
   m.def("rms_norm", &rms_norm_py, py::arg("x"), py::arg("w"), py::arg("eps"), py::arg("out") = py::none(),
         "out = x / sqrt(mean(x^2, last axis) + eps) * w for float32 x[..., n], w[n]; out may be x.");
-  m.def("rope", &rope_py, py::arg("x"), py::arg("pos"), py::arg("n_heads"), py::arg("head_dim"),
-        py::arg("base"), py::arg("neox") = false, py::arg("freq_scale") = 1.0f, py::arg("factors") = py::none(),
+  m.def("rope", &rope_py, py::arg("x"), py::arg("pos"), py::arg("n_heads"), py::arg("head_dim"), py::arg("base"),
+        py::arg("neox") = false, py::arg("freq_scale") = 1.0f, py::arg("factors") = py::none(),
         "Rotate x[M, n_heads * head_dim] (float32) in place for positions pos..pos+M-1 (pos an int) "
         "or pos[t] (an integer array); adjacent pairs (llama.cpp's normal mode) or, with neox, "
         "(i, i + head_dim/2). Pair i turns by pos * freq_scale * base^(-2i/head_dim) / factors[i] "
         "(factors: float32 [head_dim/2], default all 1). Returns x.");
-  m.def("swiglu",
-        [](py::array gate, py::array up, std::optional<py::array> out) {
-          return binary_py(gate, up, out, "gate", "up", kernels().swiglu_f32);
-        },
-        py::arg("gate"), py::arg("up"), py::arg("out") = py::none(),
-        "out = silu(gate) * up, elementwise over float32 arrays of one shape.");
-  m.def("add",
-        [](py::array a, py::array b, std::optional<py::array> out) {
-          return binary_py(a, b, out, "a", "b", kernels().add_f32);
-        },
-        py::arg("a"), py::arg("b"), py::arg("out") = py::none(),
-        "out = a + b (the residual add), elementwise over float32 arrays of one shape.");
+  m.def(
+      "swiglu",
+      [](py::array gate, py::array up, std::optional<py::array> out) {
+        return binary_py(gate, up, out, "gate", "up", swiglu_vec);
+      },
+      py::arg("gate"), py::arg("up"), py::arg("out") = py::none(),
+      "out = silu(gate) * up, elementwise over float32 arrays of one shape.");
+  m.def(
+      "add",
+      [](py::array a, py::array b, std::optional<py::array> out) { return binary_py(a, b, out, "a", "b", add_vec); },
+      py::arg("a"), py::arg("b"), py::arg("out") = py::none(),
+      "out = a + b (the residual add), elementwise over float32 arrays of one shape.");
   m.def("softmax", &softmax_py, py::arg("x"), py::arg("out") = py::none(),
         "Softmax over the last axis of a float32 array; out may be x.");
   m.def("embedding", &embedding_py, py::arg("table"), py::arg("type"), py::arg("ids"), py::arg("dim"),
@@ -699,11 +695,12 @@ PYBIND11_MODULE(_C, m) {
       .def("append", &kv_append_py, py::arg("layer"), py::arg("k"), py::arg("v"), py::arg("pos"),
            "Write K (already rotated) and V, float32 [M, n_head_kv * head_dim], at positions pos..pos+M-1; "
            "pos must be <= n_pos(layer) and pos + M <= n_ctx.")
-      .def("keys", [](py::object self, int64_t layer) { return kv_view(self, layer, false); }, py::arg("layer"),
-           "Read-only copy [n_head_kv, n_ctx, head_dim] of one layer's keys, in position order.")
-      .def("values", [](py::object self, int64_t layer) { return kv_view(self, layer, true); },
-           py::arg("layer"),
-           "Read-only view [n_head_kv, n_ctx, head_dim] of one layer's values.")
+      .def(
+          "keys", [](py::object self, int64_t layer) { return kv_view(self, layer, false); }, py::arg("layer"),
+          "Read-only copy [n_head_kv, n_ctx, head_dim] of one layer's keys, in position order.")
+      .def(
+          "values", [](py::object self, int64_t layer) { return kv_view(self, layer, true); }, py::arg("layer"),
+          "Read-only view [n_head_kv, n_ctx, head_dim] of one layer's values.")
       .def("n_pos", &KVCache::n_pos, py::arg("layer"), "Positions a layer holds.")
       .def("clear", &KVCache::clear, "Forget every position of every layer.")
       .def_property_readonly("n_layer", &KVCache::n_layer)
@@ -712,9 +709,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("n_ctx", &KVCache::n_ctx)
       .def_property_readonly("nbytes", &KVCache::nbytes)
       .def_property_readonly("dtype", [](const KVCache& c) { return kv_dtype(c.type()); });
-  m.def("attention", &attention_py, py::arg("q"), py::arg("cache"), py::arg("layer"), py::arg("pos"),
-        py::arg("n_head"), py::arg("scale") = py::none(), py::arg("window") = 0, py::arg("n_threads") = 1,
-        py::arg("out") = py::none(),
+  m.def("attention", &attention_py, py::arg("q"), py::arg("cache"), py::arg("layer"), py::arg("pos"), py::arg("n_head"),
+        py::arg("scale") = py::none(), py::arg("window") = 0, py::arg("n_threads") = 1, py::arg("out") = py::none(),
         "Causal grouped-query attention of q[M, n_head * head_dim] (float32) at positions pos..pos+M-1 "
         "against the cache's layer (which must hold them); scale defaults to 1/sqrt(head_dim); window > 0 "
         "limits each query to its last `window` keys. Returns [M, n_head * head_dim].");
@@ -745,8 +741,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Batch>(m, "Batch", "Batched decode: one token for each of up to n_seq sequences in one forward pass.")
       .def(py::init([](const PyModel& model, int64_t n_seq) { return new Batch(model.model, n_seq); }),
            py::arg("model"), py::arg("n_seq"), py::keep_alive<1, 2>())
-      .def("decode", &batch_decode_py, py::arg("contexts"), py::arg("ids"), py::arg("logits"),
-           py::arg("precision"), py::arg("n_threads"),
+      .def("decode", &batch_decode_py, py::arg("contexts"), py::arg("ids"), py::arg("logits"), py::arg("precision"),
+           py::arg("n_threads"),
            "Append ids[b] (int32 [n]) to contexts[b] (n distinct sequences of this model, n <= n_seq), every "
            "weight read once for all of them; write each one's next-token logits into logits [n, n_vocab].")
       .def_property_readonly("n_seq", &Batch::n_seq);

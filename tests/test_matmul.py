@@ -86,15 +86,15 @@ def check_close(y: np.ndarray, ref: np.ndarray, bound: np.ndarray, what: str) ->
 
 @pytest.mark.parametrize("n", NS)
 @pytest.mark.parametrize("k", KS)
-@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("precision", ["exact", "fast"])
 @pytest.mark.parametrize("tname", list(TYPES))
-def test_matmul_against_reference(isa, tname, mode, k, n):
+def test_matmul_against_reference(isa, tname, precision, k, n):
     w_type = TYPES[tname]
     x, raw, _ = problem(w_type, k, n)
     exact, exact_bound, fast, fast_bound, fast_vs_exact = references(w_type, k, n)
     for m in MS:
-        y = _C.matmul(x[:m], raw, w_type, n, k, mode=mode)
-        if mode == "exact":
+        y = _C.matmul(x[:m], raw, w_type, n, k, precision=precision)
+        if precision == "exact":
             check_close(y, exact[:m], exact_bound[:m], f"{isa} {tname} exact M={m}")
         else:
             check_close(y, fast[:m], fast_bound[:m], f"{isa} {tname} fast vs NumPy fast M={m}")
@@ -116,9 +116,9 @@ def test_dequantized_types_against_reference(isa, tname, n):
         x, raw, _ = problem(w_type, k, n)
         exact, exact_bound = references(w_type, k, n)[:2]
         for m in MS:
-            y = _C.matmul(x[:m], raw, w_type, n, k, mode="exact")
+            y = _C.matmul(x[:m], raw, w_type, n, k, precision="exact")
             check_close(y, exact[:m], exact_bound[:m], f"{isa} {tname} exact K={k} M={m}")
-            fast = _C.matmul(x[:m], raw, w_type, n, k, mode="fast", n_threads=3)
+            fast = _C.matmul(x[:m], raw, w_type, n, k, precision="fast", n_threads=3)
             np.testing.assert_array_equal(fast.view(np.uint32), y.view(np.uint32))
 
 
@@ -152,9 +152,9 @@ def test_quantize_activations_bit_exact(isa):
     assert np.all(np.abs(a * d[:, :, None] - xb) <= 0.5001 * d[:, :, None] + 1e-30)
 
 
-@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("precision", ["exact", "fast"])
 @pytest.mark.parametrize("tname", list(TYPES))
-def test_threads_bitwise_identical(isa, tname, mode):
+def test_threads_bitwise_identical(isa, tname, precision):
     w_type = TYPES[tname]
     k, n = 576, 1000
     rng = np.random.default_rng(3)
@@ -162,15 +162,15 @@ def test_threads_bitwise_identical(isa, tname, mode):
     raw = quants.quantize(w, w_type)
     for m in (1, 17):
         x = rng.standard_normal((m, k)).astype(np.float32)
-        y1 = _C.matmul(x, raw, w_type, n, k, mode=mode, n_threads=1)
+        y1 = _C.matmul(x, raw, w_type, n, k, precision=precision, n_threads=1)
         for t in (2, 3):
-            yt = _C.matmul(x, raw, w_type, n, k, mode=mode, n_threads=t)
+            yt = _C.matmul(x, raw, w_type, n, k, precision=precision, n_threads=t)
             np.testing.assert_array_equal(y1.view(np.uint32), yt.view(np.uint32))
 
 
-@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("precision", ["exact", "fast"])
 @pytest.mark.parametrize("tname", list(TYPES))
-def test_rows_independent_of_batch(isa, tname, mode):
+def test_rows_independent_of_batch(isa, tname, precision):
     """Kernels tile activation rows (2 or 4 at a time, then single rows): a row's result is
     the same bits whether it is multiplied alone or in a batch, in either layout."""
     w_type = TYPES[tname]
@@ -178,9 +178,9 @@ def test_rows_independent_of_batch(isa, tname, mode):
     x, raw, _ = problem(w_type, k, n)
     layouts = [(raw, False)] + ([(_C.repack(raw, w_type, n, k), True)] if w_type in QUANT else [])
     for w, packed in layouts:
-        batch = _C.matmul(x[:7], w, w_type, n, k, mode=mode, packed=packed)
+        batch = _C.matmul(x[:7], w, w_type, n, k, precision=precision, packed=packed)
         for m in range(7):
-            alone = _C.matmul(x[m:m + 1], w, w_type, n, k, mode=mode, packed=packed)
+            alone = _C.matmul(x[m:m + 1], w, w_type, n, k, precision=precision, packed=packed)
             np.testing.assert_array_equal(alone.view(np.uint32), batch[m:m + 1].view(np.uint32))
 
 
@@ -189,18 +189,18 @@ def test_two_python_threads_at_once():
     rng = np.random.default_rng(5)
     k, n = 576, 777
     jobs = []
-    for w_type, mode in [(Q4_1, "fast"), (Q8_0, "exact"), (F16, "fast"), (Q4_0, "fast")]:
+    for w_type, precision in [(Q4_1, "fast"), (Q8_0, "exact"), (F16, "fast"), (Q4_0, "fast")]:
         raw = quants.quantize(rng.standard_normal((n, k)).astype(np.float32), w_type)
         x = rng.standard_normal((3, k)).astype(np.float32)
-        jobs.append((x, raw, w_type, mode, _C.matmul(x, raw, w_type, n, k, mode=mode)))
+        jobs.append((x, raw, w_type, precision, _C.matmul(x, raw, w_type, n, k, precision=precision)))
     errors: list[str] = []
 
     def worker(offset: int) -> None:
         for i in range(60):
-            x, raw, w_type, mode, want = jobs[(i + offset) % len(jobs)]
-            got = _C.matmul(x, raw, w_type, n, k, mode=mode, n_threads=2)
+            x, raw, w_type, precision, want = jobs[(i + offset) % len(jobs)]
+            got = _C.matmul(x, raw, w_type, n, k, precision=precision, n_threads=2)
             if not np.array_equal(got, want):
-                errors.append(f"type {w_type} {mode}: wrong result")
+                errors.append(f"type {w_type} {precision}: wrong result")
 
     threads = [threading.Thread(target=worker, args=(o,)) for o in (0, 1, 2)]
     for t in threads:
@@ -217,7 +217,7 @@ def test_out_argument_and_typed_weights():
     x = rng.standard_normal((2, k)).astype(np.float32)
     want = _C.matmul(x, w.view(np.uint8).reshape(-1), F32, n, k)
     out = np.full((2, n), np.nan, np.float32)
-    got = _C.matmul(x, w, F32, n, k, mode="exact", out=out)  # a float32 [n, k] array as W
+    got = _C.matmul(x, w, F32, n, k, precision="exact", out=out)  # a float32 [n, k] array as W
     assert got is out or np.shares_memory(got, out)
     np.testing.assert_array_equal(out, want)
     h = w.astype(np.float16)
@@ -228,8 +228,8 @@ def test_validation_errors():
     k, n = 64, 3
     x = np.zeros((2, k), np.float32)
     w = np.zeros((n, k), np.float32)
-    with pytest.raises(ValueError, match="mode"):
-        _C.matmul(x, w, F32, n, k, mode="approximate")
+    with pytest.raises(ValueError, match="precision must be 'fast' or 'exact'"):
+        _C.matmul(x, w, F32, n, k, precision="approximate")
     with pytest.raises(ValueError, match="float32"):
         _C.matmul(x.astype(np.float64), w, F32, n, k)
     with pytest.raises(ValueError, match="float32"):
@@ -305,14 +305,14 @@ def test_packed_matmul(isa, tname, k, n):
     _, _, fast, fast_bound, _ = references(w_type, k, n)
     packed = _C.repack(raw, w_type, n, k)
     _C.set_isa("scalar")
-    want = _C.matmul(x, raw, w_type, n, k, mode="fast")
+    want = _C.matmul(x, raw, w_type, n, k, precision="fast")
     _C.set_isa(isa)
     for m in MS:
-        y = _C.matmul(x[:m], packed, w_type, n, k, mode="fast", packed=True)
+        y = _C.matmul(x[:m], packed, w_type, n, k, precision="fast", packed=True)
         check_close(y, fast[:m], fast_bound[:m], f"{isa} {tname} packed fast M={m}")
         np.testing.assert_array_equal(y.view(np.uint32), want[:m].view(np.uint32))
-        ye = _C.matmul(x[:m], packed, w_type, n, k, mode="exact", packed=True)
-        np.testing.assert_array_equal(ye, _C.matmul(x[:m], raw, w_type, n, k, mode="exact"))
+        ye = _C.matmul(x[:m], packed, w_type, n, k, precision="exact", packed=True)
+        np.testing.assert_array_equal(ye, _C.matmul(x[:m], raw, w_type, n, k, precision="exact"))
 
 
 @pytest.mark.parametrize("tname", list(QTYPES))

@@ -1,4 +1,4 @@
-// attn_groups.h: the ISA-independent part of the SIMD attention kernels (dispatch.h, AttnTile):
+// attn_groups.h: the ISA-independent part of the SIMD attention kernels (kernels/abi.h, AttnTile):
 // how a tile's queries form register groups, what each query of a group reads and writes,
 // which key blocks the tile spans and in what steps, and the softmax's bookkeeping. The
 // functions are static and the structs have no code, so every ISA's file keeps its own copy
@@ -6,7 +6,7 @@
 #pragma once
 #include <cstdint>
 
-#include "dispatch.h"
+#include "kernels/abi.h"
 
 // The attention kernels' short loops over queries, key blocks and output chunks have compile-time
 // counts; unrolling them where they are written lets GCC keep the accumulator arrays in

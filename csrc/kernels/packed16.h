@@ -14,22 +14,22 @@
 #pragma once
 #include <cstdint>
 
-#include "quant_blocks.h"
+#include "kernels/quant_blocks.h"
 
 namespace pyinfer {
 
 constexpr int kPackRows = 16;
 
 // The types with this layout: 32-element blocks that open with an fp16 scale (and min).
-static inline bool packs16(uint32_t type) {
-  return type == GGML_Q8_0 || type == GGML_Q4_0 || type == GGML_Q4_1;
-}
+static inline bool packs16(uint32_t type) { return type == GGML_Q8_0 || type == GGML_Q4_0 || type == GGML_Q4_1; }
 // Bytes of one block (of 32 elements) of one row, for the packable types; 0 otherwise.
 static inline int packed_block_bytes(uint32_t type) { return packs16(type) ? type_traits(type).block_bytes : 0; }
 // Offset of the mins in a 16-row group-block: after the scales.
 constexpr int kPackedMins = kPackRows * static_cast<int>(sizeof(fp16_t));
 // Offset of the quants in a 16-row group-block: after the scales (and mins).
-static inline int packed_quants_offset(uint32_t type) { return type_traits(type).has_min ? 2 * kPackedMins : kPackedMins; }
+static inline int packed_quants_offset(uint32_t type) {
+  return type_traits(type).has_min ? 2 * kPackedMins : kPackedMins;
+}
 // Offset in a group-block of quant byte j (0..15 for Q4, 0..31 for Q8_0) of row r.
 static inline int packed_quant_byte(uint32_t type, int r, int j) {
   return packed_quants_offset(type) + (j / 4) * 64 + r * 4 + j % 4;

@@ -31,7 +31,7 @@ struct block_q8a {
   int8_t qs[QK8_A];  // a_j, and l at jo
   int32_t h4;        // h in byte jo % 4, zero elsewhere: the broadcast operand of one dot step
   int32_t jo;
-  float dsum;        // d * (float)sum: the factor of Q4_1's min term, made once per block
+  float dsum;  // d * (float)sum: the factor of Q4_1's min term, made once per block
 };
 static_assert(sizeof(block_q8a) == 52, "q8a block size");
 

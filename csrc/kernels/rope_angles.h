@@ -11,8 +11,8 @@ namespace pyinfer {
 // i < half = head_dim/2 (factors nullptr: all 1). Computed in double and rounded once: the
 // angle reaches thousands of radians at long contexts, where a float32 product would already
 // be off by a large fraction of an ulp.
-static inline void rope_cos_sin(int64_t pos, int64_t head_dim, float base, float freq_scale,
-                                const float* factors, float* c, float* s) {
+static inline void rope_cos_sin(int64_t pos, int64_t head_dim, float base, float freq_scale, const float* factors,
+                                float* c, float* s) {
   const int64_t half = head_dim / 2;
   const double log_base = std::log(static_cast<double>(base));
   for (int64_t i = 0; i < half; ++i) {

@@ -6,9 +6,8 @@
 #include <stdexcept>
 #include <string>
 
-#include "dispatch.h"
 #include "models/model.h"
-#include "ops.h"
+#include "ops/ops.h"
 
 namespace pyinfer {
 
@@ -44,8 +43,8 @@ class LlamaModel final : public Model {
       throw std::invalid_argument("rope_base and rope_freq_scale must be > 0, rms_eps >= 0");
     const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
     tok_embd_ = t.take("token_embd.weight");
-    if (embedding_row_bytes(tok_embd_.type, c.n_embd) < 0 || tok_embd_.data == nullptr ||
-        tok_embd_.rows != c.n_vocab || tok_embd_.cols != c.n_embd)
+    if (embedding_row_bytes(tok_embd_.type, c.n_embd) < 0 || tok_embd_.data == nullptr || tok_embd_.rows != c.n_vocab ||
+        tok_embd_.cols != c.n_embd)
       throw std::invalid_argument("token_embd.weight: expected [" + std::to_string(c.n_vocab) + ", " +
                                   std::to_string(c.n_embd) + "] of a type with a dequantization kernel");
     const WeightRef factors = t.take("rope_freqs.weight");
@@ -85,8 +84,8 @@ class LlamaModel final : public Model {
     if (repack_weights) repack_all();
   }
 
-  void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
-               int64_t n_out, float* logits, MatmulMode mode, int n_threads) const override;
+  void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows, int64_t n_out,
+               float* logits, Precision precision, int n_threads) const override;
 
  private:
   void repack_all() {
@@ -107,16 +106,15 @@ class LlamaModel final : public Model {
 
   float rms_eps_ = 1e-5f;
   RopeFreqs rope_;
-  WeightRef tok_embd_;                 // [n_vocab][n_embd]
+  WeightRef tok_embd_;  // [n_vocab][n_embd]
   std::vector<LlamaLayer> layers_;
   const float* output_norm_ = nullptr;  // [n_embd]
   WeightRef output_;                    // [n_vocab][n_embd]; the embedding table when tied
 };
 
 void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
-                         int64_t n_out, float* logits, MatmulMode mode, int n_threads) const {
+                         int64_t n_out, float* logits, Precision precision, int n_threads) const {
   const ModelDims& c = dims();
-  const KernelTable& kt = kernels();
   const int64_t E = c.n_embd, hd = c.head_dim, F = c.n_ff;
   const int64_t q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
   const float eps = rms_eps_;
@@ -131,70 +129,69 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
   embedding(tok_embd_.data, tok_embd_.type, c.n_vocab, E, s.ids.data(), n_rows, x);
   // RoPE's cos and sin for each row's position, once for every layer.
   float* cos_sin = s.rope.data();  // [n_rows][hd]
-  for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-    rope_table(s.pos.data() + r0, n, hd, rope_, cos_sin + r0 * hd);
-  });
+  for_rows(n_threads, n_rows,
+           [&](int64_t r0, int64_t n) { rope_table(s.pos.data() + r0, n, hd, rope_, cos_sin + r0 * hd); });
   for (int64_t il = 0; il < c.n_layer; ++il) {
     const LlamaLayer& L = layers_[static_cast<size_t>(il)];
     // Attention block. Q, K, V rows: side by side in one [n_rows][q_dim + 2 * kv_dim] output
     // when fused, else three blocks [n_rows][q_dim], [n_rows][kv_dim], [n_rows][kv_dim].
-    if (il == 0) for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      rms_norm_rows(x + r0 * E, L.attn_norm, xn + r0 * E, n, E, eps);
-    });
+    if (il == 0)
+      for_rows(n_threads, n_rows,
+               [&](int64_t r0, int64_t n) { rms_norm_rows(x + r0 * E, L.attn_norm, xn + r0 * E, n, E, eps); });
     float *q, *k, *v;
     int64_t qs, ks;
-    if (mode == MatmulMode::fast && L.qkv.packed != nullptr) {
+    if (precision == Precision::fast && L.qkv.packed != nullptr) {
       q = s.qkv.data(), k = q + q_dim, v = k + kv_dim;
       qs = ks = q_dim + 2 * kv_dim;
-      matmul(L.qkv, xn, n_rows, q, mode, n_threads);
+      matmul(L.qkv, xn, n_rows, q, precision, n_threads);
     } else {
       q = s.qkv.data(), k = q + n_rows * q_dim, v = k + n_rows * kv_dim;
       qs = q_dim, ks = kv_dim;
-      matmul(L.wq, xn, n_rows, q, mode, n_threads);
-      matmul(L.wk, xn, n_rows, k, mode, n_threads);
-      matmul(L.wv, xn, n_rows, v, mode, n_threads);
+      matmul(L.wq, xn, n_rows, q, precision, n_threads);
+      matmul(L.wk, xn, n_rows, k, precision, n_threads);
+      matmul(L.wv, xn, n_rows, v, precision, n_threads);
     }
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      kt.rope_f32(q + r0 * qs, n, qs, c.n_head, hd, cos_sin + r0 * hd, false);
-      kt.rope_f32(k + r0 * ks, n, ks, c.n_head_kv, hd, cos_sin + r0 * hd, false);
+      rope_rows(q + r0 * qs, n, qs, c.n_head, hd, cos_sin + r0 * hd, false);
+      rope_rows(k + r0 * ks, n, ks, c.n_head_kv, hd, cos_sin + r0 * hd, false);
     });
     for (size_t i = 0; i < segs.size(); ++i) {
       const Segment& g = segs[i];
-      args[i] = AttentionArgs{q + g.row0 * qs, qs, attn + g.row0 * q_dim, q_dim, g.cache, il, g.pos, g.n,
-                              c.n_head, scale, 0};
+      args[i] =
+          AttentionArgs{q + g.row0 * qs, qs, attn + g.row0 * q_dim, q_dim, g.cache, il, g.pos, g.n, c.n_head, scale, 0};
     }
     append_and_attend(segs, il, k, v, ks, args, n_threads);
-    matmul(L.wo, attn, n_rows, xn, mode, n_threads);
+    matmul(L.wo, attn, n_rows, xn, precision, n_threads);
     // Residual, then the feed-forward block's norm, row by row.
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      kt.add_f32(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
+      add_vec(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
       rms_norm_rows(x + r0 * E, L.ffn_norm, xn + r0 * E, n, E, eps);
     });
     // Gate and up: side by side per row ([n_rows][gate F | up F]) when fused, else two blocks
     // [n_rows][F]; silu(gate) * up goes to act [n_rows][F].
-    const bool fused = mode == MatmulMode::fast && L.gate_up.packed != nullptr;
+    const bool fused = precision == Precision::fast && L.gate_up.packed != nullptr;
     const int64_t gs = fused ? 2 * F : F;
     float* up = fused ? ffn + F : ffn + n_rows * F;
     if (fused) {
-      matmul(L.gate_up, xn, n_rows, ffn, mode, n_threads);
+      matmul(L.gate_up, xn, n_rows, ffn, precision, n_threads);
     } else {
-      matmul(L.gate, xn, n_rows, ffn, mode, n_threads);
-      matmul(L.up, xn, n_rows, up, mode, n_threads);
+      matmul(L.gate, xn, n_rows, ffn, precision, n_threads);
+      matmul(L.up, xn, n_rows, up, precision, n_threads);
     }
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      for (int64_t r = r0; r < r0 + n; ++r) kt.swiglu_f32(ffn + r * gs, up + r * gs, act + r * F, F);
+      for (int64_t r = r0; r < r0 + n; ++r) swiglu_vec(ffn + r * gs, up + r * gs, act + r * F, F);
     });
-    matmul(L.down, act, n_rows, xn, mode, n_threads);
+    matmul(L.down, act, n_rows, xn, precision, n_threads);
     // Residual, then the next layer's attention norm, row by row.
     const float* next_norm = il + 1 < c.n_layer ? layers_[static_cast<size_t>(il + 1)].attn_norm : nullptr;
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
-      kt.add_f32(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
+      add_vec(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
       if (next_norm != nullptr) rms_norm_rows(x + r0 * E, next_norm, xn + r0 * E, n, E, eps);
     });
   }
   // Output head, only for the rows whose logits are wanted.
   for (int64_t i = 0; i < n_out; ++i) rms_norm_rows(x + out_rows[i] * E, output_norm_, xn + i * E, 1, E, eps);
-  matmul(output_, xn, n_out, logits, mode, n_threads);
+  matmul(output_, xn, n_out, logits, precision, n_threads);
 }
 
 std::shared_ptr<const Model> make_llama(const Params& p, TensorMap& t, bool repack) {

@@ -72,8 +72,7 @@ std::string shape_str(int64_t rows, int64_t cols) {
 void check_weight(const WeightRef& w, const std::string& name, int64_t rows, int64_t cols) {
   if (w.data == nullptr) throw std::invalid_argument("missing weight " + name);
   if (w.rows != rows || w.cols != cols)
-    throw std::invalid_argument(name + ": shape " + shape_str(w.rows, w.cols) + ", expected " +
-                                shape_str(rows, cols));
+    throw std::invalid_argument(name + ": shape " + shape_str(w.rows, w.cols) + ", expected " + shape_str(rows, cols));
   if (matmul_row_bytes(w.type, w.cols) < 0)
     throw std::invalid_argument(name + ": tensor type " + std::to_string(w.type) + " has no matmul kernel");
 }
@@ -104,11 +103,11 @@ Scratch::Scratch(const ModelDims& c, int64_t rows) : n_rows(rows) {
 
 void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
-void Model::matmul(const WeightRef& w, const float* x, int64_t M, float* y, MatmulMode mode, int n_threads) {
-  if (w.packed != nullptr && mode == MatmulMode::fast)
-    matmul_packed(x, M, w.cols, w.packed, w.type, w.rows, y, mode, n_threads);
+void Model::matmul(const WeightRef& w, const float* x, int64_t M, float* y, Precision precision, int n_threads) {
+  if (w.packed != nullptr && precision == Precision::fast)
+    matmul_packed(x, M, w.cols, w.packed, w.type, w.rows, y, precision, n_threads);
   else
-    pyinfer::matmul(x, M, w.cols, w.data, w.type, w.rows, y, mode, n_threads);
+    pyinfer::matmul(x, M, w.cols, w.data, w.type, w.rows, y, precision, n_threads);
 }
 
 bool fusable(const std::vector<const WeightRef*>& parts) {
@@ -191,8 +190,8 @@ std::vector<std::string> architectures() {
 // (row, head) items over the pool; several (a batched decode step) make one pool job of a
 // segment each, append and attention together, so the appends run in parallel and each is
 // still in cache when read.
-void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float* k, const float* v,
-                       int64_t kv_stride, const std::vector<AttentionArgs>& args, int n_threads) {
+void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float* k, const float* v, int64_t kv_stride,
+                       const std::vector<AttentionArgs>& args, int n_threads) {
   const auto append = [&](const Segment& g) {
     g.cache->append(il, k + g.row0 * kv_stride, kv_stride, v + g.row0 * kv_stride, kv_stride, g.pos, g.n);
   };
@@ -239,8 +238,7 @@ void Sequence::truncate(int64_t n) {
   if (n_past_ == 0) cache_.clear();
 }
 
-void Sequence::eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, MatmulMode mode,
-                    int n_threads) {
+void Sequence::eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, Precision precision, int n_threads) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
   if (!lock.owns_lock()) throw std::runtime_error("this context is in use by another thread");
   const int64_t n_vocab = model_->dims().n_vocab;
@@ -261,7 +259,7 @@ void Sequence::eval(const int32_t* ids, int64_t n, float* logits, bool all_logit
   std::vector<int64_t> out_rows;  // [n - first]
   for (int64_t i = first; i < n; ++i) out_rows.push_back(i);
   model_->forward({Segment{&cache_, 0, n, n_past_}}, n, scratch_, out_rows.data(),
-                  static_cast<int64_t>(out_rows.size()), logits, mode, n_threads);
+                  static_cast<int64_t>(out_rows.size()), logits, precision, n_threads);
   n_past_ += n;
 }
 
@@ -270,7 +268,7 @@ Batch::Batch(std::shared_ptr<const Model> model, int64_t n_seq)
       n_seq_(n_seq),
       scratch_(model_->dims(), n_seq >= 1 ? n_seq : throw std::invalid_argument("n_seq must be >= 1")) {}
 
-void Batch::decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* logits, MatmulMode mode,
+void Batch::decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* logits, Precision precision,
                    int n_threads) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
   if (!lock.owns_lock()) throw std::runtime_error("this batch is in use by another thread");
@@ -308,7 +306,7 @@ void Batch::decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* 
     segs.push_back(Segment{&seq.cache_, b, 1, seq.n_past_});
     out_rows.push_back(b);
   }
-  model_->forward(segs, n, scratch_, out_rows.data(), n, logits, mode, n_threads);
+  model_->forward(segs, n, scratch_, out_rows.data(), n, logits, precision, n_threads);
   for (int64_t b = 0; b < n; ++b) seqs[b]->n_past_ += 1;
 }
 

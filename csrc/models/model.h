@@ -10,9 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "kv_cache.h"
-#include "matmul.h"
-#include "threadpool.h"
+#include "ops/attention.h"
+#include "ops/kv_cache.h"
+#include "ops/matmul.h"
+#include "runtime/threadpool.h"
 
 namespace pyinfer {
 
@@ -61,9 +62,9 @@ struct ModelDims {
   int64_t n_head = 0;     // query heads
   int64_t n_head_kv = 0;  // key/value heads (grouped-query attention when < n_head)
   int64_t head_dim = 0;
-  int64_t n_ff = 0;       // feed-forward width
+  int64_t n_ff = 0;  // feed-forward width
   int64_t n_vocab = 0;
-  void check() const;     // positive, n_head a multiple of n_head_kv, head_dim even and small enough
+  void check() const;  // positive, n_head a multiple of n_head_kv, head_dim even and small enough
 };
 
 // `n` consecutive rows of a forward pass that belong to one sequence, at positions pos.. of
@@ -77,12 +78,12 @@ struct Segment {
 struct Scratch {
   Scratch(const ModelDims& d, int64_t n_rows);
   int64_t n_rows;
-  std::vector<float> x, xn;  // [n_rows][n_embd]: the residual stream; a block's normed input or output
-  std::vector<float> qkv;    // [n_rows][q_dim + 2 * kv_dim]: Q, K, V side by side
-  std::vector<float> attn;   // [n_rows][q_dim]
-  std::vector<float> ffn;    // [n_rows][2 * n_ff]: gate and up
-  std::vector<float> act;    // [n_rows][n_ff]: the feed-forward activation
-  std::vector<float> rope;   // [n_rows][head_dim]: cos, sin of RoPE's angles (rope_table)
+  std::vector<float> x, xn;       // [n_rows][n_embd]: the residual stream; a block's normed input or output
+  std::vector<float> qkv;         // [n_rows][q_dim + 2 * kv_dim]: Q, K, V side by side
+  std::vector<float> attn;        // [n_rows][q_dim]
+  std::vector<float> ffn;         // [n_rows][2 * n_ff]: gate and up
+  std::vector<float> act;         // [n_rows][n_ff]: the feed-forward activation
+  std::vector<float> rope;        // [n_rows][head_dim]: cos, sin of RoPE's angles (rope_table)
   std::vector<int64_t> pos, ids;  // [n_rows]
 };
 
@@ -97,10 +98,10 @@ class Model {
   // sequence each, which it appends to their caches. logits[n_out][n_vocab] receives the
   // rows out_rows[].
   virtual void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
-                       int64_t n_out, float* logits, MatmulMode mode, int n_threads) const = 0;
+                       int64_t n_out, float* logits, Precision precision, int n_threads) const = 0;
 
   // y[M][w.rows] = x[M][w.cols] @ W^T; fast mode goes through the repacked copy if there is one.
-  static void matmul(const WeightRef& w, const float* x, int64_t M, float* y, MatmulMode mode, int n_threads);
+  static void matmul(const WeightRef& w, const float* x, int64_t M, float* y, Precision precision, int n_threads);
 
  protected:
   explicit Model(const ModelDims& dims) : dims_(dims) {}
@@ -135,8 +136,7 @@ bool fusable(const std::vector<const WeightRef*>& parts);
 using ModelFactory = std::shared_ptr<const Model> (*)(const Params& params, TensorMap& tensors, bool repack);
 // Called once per architecture from a static initializer in its file.
 bool register_architecture(const std::string& name, ModelFactory factory);
-std::shared_ptr<const Model> make_model(const std::string& arch, const Params& params, TensorMap& tensors,
-                                        bool repack);
+std::shared_ptr<const Model> make_model(const std::string& arch, const Params& params, TensorMap& tensors, bool repack);
 std::vector<std::string> architectures();
 
 // One sequence: its KV cache, its position, and scratch for up to n_batch tokens per call.
@@ -148,7 +148,7 @@ class Sequence {
   // cache. logits receives [n][n_vocab] floats when all_logits, else the last token's
   // [n_vocab]. Throws std::invalid_argument (bad id, no room) before changing any state,
   // and std::runtime_error if another thread is using this sequence.
-  void eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, MatmulMode mode, int n_threads);
+  void eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, Precision precision, int n_threads);
 
   int64_t n_past() const { return n_past_; }
   int64_t n_ctx() const { return n_ctx_; }
@@ -182,7 +182,7 @@ class Batch {
   // std::runtime_error if a sequence is in use by another thread. The result of each row is
   // that of seqs[b]->eval(&ids[b], 1, ...) alone, bit for bit in fast mode; exact mode may
   // differ in float rounding (its kernels block over rows).
-  void decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* logits, MatmulMode mode, int n_threads);
+  void decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* logits, Precision precision, int n_threads);
 
   int64_t n_seq() const { return n_seq_; }
 
@@ -197,8 +197,8 @@ class Batch {
 
 // Appends each segment's new keys and values (k, v: rows of stride kv_stride) to its cache at
 // layer il, then runs its rows' attention (args[i] for segs[i]).
-void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float* k, const float* v,
-                       int64_t kv_stride, const std::vector<AttentionArgs>& args, int n_threads);
+void append_and_attend(const std::vector<Segment>& segs, int64_t il, const float* k, const float* v, int64_t kv_stride,
+                       const std::vector<AttentionArgs>& args, int n_threads);
 
 // Row-wise work of a forward pass (norms, RoPE, residual adds, activations: each row
 // independent of the others) on the pool, in items of 8 to 32 rows, two per thread where the

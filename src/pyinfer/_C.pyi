@@ -40,7 +40,7 @@ def matmul(
     n: int,
     k: int,
     *,
-    mode: str = "fast",
+    precision: str = "fast",
     n_threads: int = 1,
     out: npt.NDArray[np.float32] | None = None,
     packed: bool = False,
@@ -50,7 +50,7 @@ def matmul(
     type's block size) given as its raw bytes or any C-contiguous array of exactly n rows; no
     copies, GIL released.
 
-    mode "fast": activations quantized per 32-block to int8, integer dot products for Q8_0,
+    precision "fast": activations quantized per 32-block to int8, integer dot products for Q8_0,
     Q4_0 and Q4_1 (for other types the same as "exact": rows dequantized, float32 dots);
     "exact": float32 activations and accumulation.
     Any n_threads gives the same bits; the pool grows to n_threads if needed. packed=True

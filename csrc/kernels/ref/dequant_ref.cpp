@@ -8,8 +8,8 @@
 // d*(sc*q) differ in the sign of a zero.
 #include <cstring>
 
-#include "dispatch.h"
-#include "half.h"
+#include "kernels/abi.h"
+#include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 
 namespace pyinfer {
@@ -125,21 +125,9 @@ void dequant_q6_K_ref(const void* src, float* dst, int64_t n) {
   }
 }
 
-// The sum, modulo 2^64, of the buffer's little-endian 64-bit words: every ISA's variant
-// returns the same value for the same bytes.
-uint64_t read_sum_ref(const void* src, size_t n_bytes) {
-  const auto* p = static_cast<const uint64_t*>(src);
-  uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (size_t i = 0; i < n_bytes / 8; i += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += p[i + k];
-  uint64_t s = 0;
-  for (uint64_t a : acc) s += a;
-  return s;
-}
-
 }  // namespace
 
-void fill_kernels_scalar(KernelTable& t) {
+void fill_dequant_scalar(KernelSet& t) {
   t.dequant_row[GGML_F32] = dequant_f32_ref;
   t.dequant_row[GGML_F16] = dequant_f16_ref;
   t.dequant_row[GGML_BF16] = dequant_bf16_ref;
@@ -149,7 +137,6 @@ void fill_kernels_scalar(KernelTable& t) {
   t.dequant_row[GGML_Q5_0] = dequant_q5_0_ref;
   t.dequant_row[GGML_Q4_K] = dequant_q4_K_ref;
   t.dequant_row[GGML_Q6_K] = dequant_q6_K_ref;
-  t.read_sum = read_sum_ref;
 }
 
 }  // namespace pyinfer

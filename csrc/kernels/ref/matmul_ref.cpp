@@ -7,8 +7,8 @@
 // and products but may add them in another order.
 #include <cmath>
 
-#include "dispatch.h"
-#include "half.h"
+#include "kernels/abi.h"
+#include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
 
@@ -41,9 +41,7 @@ void quantize_act_ref(const float* x, block_q8a* dst, int64_t k) {
 }
 
 // The activation block's integers a_j (a_jo whole).
-inline int act_at(const block_q8a& b, int j) {
-  return j == b.jo ? b.qs[j] + 128 * act_h(b) : b.qs[j];
-}
+inline int act_at(const block_q8a& b, int j) { return j == b.jo ? b.qs[j] + 128 * act_h(b) : b.qs[j]; }
 
 // ---- exact mode: float weights ---------------------------------------------------------
 
@@ -57,18 +55,18 @@ inline float load_bf16(const void* row, int64_t k) {
 }
 
 // w: n_rows rows of K elements, w_row_bytes apart; x: [M, K]; y: [M, ldy].
-#define PYINFER_EXACT_REF(NAME, LOAD)                                                          \
-  void NAME(const void* w, int64_t w_row_bytes, const float* x, int64_t M, int64_t K,          \
-            int64_t n_rows, float* y, int64_t ldy) {                                           \
-    for (int64_t n = 0; n < n_rows; ++n) {                                                     \
-      const void* row = static_cast<const uint8_t*>(w) + n * w_row_bytes;                      \
-      for (int64_t m = 0; m < M; ++m) {                                                        \
-        const float* xm = x + m * K;                                                           \
-        float acc = 0.0f;                                                                      \
-        for (int64_t k = 0; k < K; ++k) acc += xm[k] * LOAD(row, k);                           \
-        y[m * ldy + n] = acc;                                                                  \
-      }                                                                                        \
-    }                                                                                          \
+#define PYINFER_EXACT_REF(NAME, LOAD)                                                                           \
+  void NAME(const void* w, int64_t w_row_bytes, const float* x, int64_t M, int64_t K, int64_t n_rows, float* y, \
+            int64_t ldy) {                                                                                      \
+    for (int64_t n = 0; n < n_rows; ++n) {                                                                      \
+      const void* row = static_cast<const uint8_t*>(w) + n * w_row_bytes;                                       \
+      for (int64_t m = 0; m < M; ++m) {                                                                         \
+        const float* xm = x + m * K;                                                                            \
+        float acc = 0.0f;                                                                                       \
+        for (int64_t k = 0; k < K; ++k) acc += xm[k] * LOAD(row, k);                                            \
+        y[m * ldy + n] = acc;                                                                                   \
+      }                                                                                                         \
+    }                                                                                                           \
   }
 PYINFER_EXACT_REF(matmul_f32_f32_ref, load_f32)
 PYINFER_EXACT_REF(matmul_f16_f32_ref, load_f16)
@@ -131,7 +129,7 @@ void matmul_fast_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, in
 
 }  // namespace
 
-void fill_matmul_scalar(KernelTable& t) {
+void fill_matmul_scalar(KernelSet& t) {
   t.quantize_act = quantize_act_ref;
   t.matmul_exact[GGML_F32] = matmul_f32_f32_ref;
   t.matmul_exact[GGML_F16] = matmul_f16_f32_ref;

@@ -7,8 +7,8 @@
 // derived from float32's epsilon (see tests/test_ops.py and tests/test_attention.py).
 #include <cmath>
 
-#include "dispatch.h"
-#include "half.h"
+#include "kernels/abi.h"
+#include "kernels/half.h"
 
 namespace pyinfer {
 namespace {
@@ -20,8 +20,8 @@ void rms_norm_f32_ref(const float* x, const float* w, float* out, int64_t n, flo
   for (int64_t i = 0; i < n; ++i) out[i] = (x[i] * scale) * w[i];
 }
 
-void rope_f32_ref(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
-                  const float* cos_sin, bool neox) {
+void rope_f32_ref(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim, const float* cos_sin,
+                  bool neox) {
   const int64_t half = head_dim / 2;
   for (int64_t r = 0; r < n_rows; ++r) {
     const float* c = cos_sin + r * head_dim;
@@ -87,8 +87,9 @@ void attention_ref(const AttnTile& t) {
       for (int64_t j = 0; j < n_kv; ++j) {
         // Element i of key p sits at (i, p % kKeyBlock) of its block.
         const int64_t p = first + j, b = p / kKeyBlock;
-        const T* kj = (b == last_block ? static_cast<const T*>(t.k_last)
-                                       : static_cast<const T*>(t.k) + b * hd * kKeyBlock) + p % kKeyBlock;
+        const T* kj =
+            (b == last_block ? static_cast<const T*>(t.k_last) : static_cast<const T*>(t.k) + b * hd * kKeyBlock) +
+            p % kKeyBlock;
         float d = 0.0f;
         for (int64_t i = 0; i < hd; ++i) d += q[i] * kv_load(kj, i * kKeyBlock);
         scores[j] = d * t.scale;
@@ -109,7 +110,7 @@ void attention_ref(const AttnTile& t) {
 
 }  // namespace
 
-void fill_ops_scalar(KernelTable& t) {
+void fill_ops_scalar(KernelSet& t) {
   t.rms_norm_f32 = rms_norm_f32_ref;
   t.rope_f32 = rope_f32_ref;
   t.swiglu_f32 = swiglu_f32_ref;

@@ -1,11 +1,11 @@
-// dequant_avx2.cpp: AVX2+FMA+F16C dequantization kernels and the bandwidth probe's read loop.
-// This file alone is compiled with the AVX2 flags. Everything here except fill_kernels_avx2
+// dequant_avx2.cpp: AVX2+FMA+F16C dequantization kernels.
+// This file alone is compiled with the AVX2 flags. Everything here except fill_dequant_avx2
 // has internal linkage and no STL template is instantiated, so the linker cannot merge code
 // compiled with these flags into a portable caller. Results match dequant_ref.cpp bit for bit.
 #include <immintrin.h>
 
-#include "dispatch.h"
-#include "half.h"
+#include "kernels/abi.h"
+#include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 
 namespace pyinfer {
@@ -15,9 +15,7 @@ namespace {
 // multiply would do anyway, so every product matches the scalar path.
 inline float scale_f32(const void* p) { return _cvtsh_ss(load_u16_le(p)); }
 
-inline void store8(float* dst, __m256i q, __m256 d) {
-  _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
-}
+inline void store8(float* dst, __m256i q, __m256 d) { _mm256_storeu_ps(dst, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d)); }
 
 // Bytes 0..7 (lo8) or 8..15 (hi8) of v, zero- (_u) or sign-extended (_s) to 8 int32.
 inline __m256i lo8_u(__m128i v) { return _mm256_cvtepu8_epi32(v); }
@@ -36,10 +34,10 @@ inline __m256 f16x8(__m128i h) {
   const __m256i w = _mm256_cvtepu16_epi32(h);
   const __m256i exp_mask = _mm256_set1_epi32(0x7c00);
   const __m256i exp_all_ones = _mm256_cmpeq_epi32(_mm256_and_si256(w, exp_mask), exp_mask);
-  const __m256i special = _mm256_or_si256(
-      _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x8000)), 16),
-                      _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x03ff)), 13)),
-      _mm256_set1_epi32(0x7f800000));
+  const __m256i special =
+      _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x8000)), 16),
+                                      _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x03ff)), 13)),
+                      _mm256_set1_epi32(0x7f800000));
   return _mm256_blendv_ps(f, _mm256_castsi256_ps(special), _mm256_castsi256_ps(exp_all_ones));
 }
 
@@ -104,8 +102,7 @@ void dequant_q4_1_avx2(const void* src, float* dst, int64_t n) {
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
     const __m256i q[4] = {lo8_u(lo), hi8_u(lo), lo8_u(hi), hi8_u(hi)};
     for (int k = 0; k < 4; ++k)
-      _mm256_storeu_ps(dst + 8 * k,
-                       _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), d), m));
+      _mm256_storeu_ps(dst + 8 * k, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[k]), d), m));
   }
 }
 
@@ -117,8 +114,8 @@ void dequant_q5_0_avx2(const void* src, float* dst, int64_t n) {
   for (int64_t ib = 0; ib < n / QK5_0; ++ib, dst += QK5_0) {
     const __m256 d = _mm256_set1_ps(scale_f32(&b[ib].d));
     const uint8_t* h = b[ib].qh;
-    const __m256i qh = _mm256_set1_epi32(
-        static_cast<int>(h[0] | (h[1] << 8) | (h[2] << 16) | (static_cast<uint32_t>(h[3]) << 24)));
+    const __m256i qh =
+        _mm256_set1_epi32(static_cast<int>(h[0] | (h[1] << 8) | (h[2] << 16) | (static_cast<uint32_t>(h[3]) << 24)));
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[ib].qs));
     const __m128i lo = _mm_and_si128(raw, m4);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m4);
@@ -149,8 +146,8 @@ void dequant_q4_K_avx2(const void* src, float* dst, int64_t n) {
       const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
       const __m256i lo = _mm256_and_si256(raw, m4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-      const __m128i part[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1),
-                               _mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1)};
+      const __m128i part[4] = {_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1), _mm256_castsi256_si128(hi),
+                               _mm256_extracti128_si256(hi, 1)};
       for (int k = 0; k < 4; ++k) {
         const __m256 dk = k < 2 ? d1 : d2, mk = k < 2 ? m1 : m2;
         const __m256 a = _mm256_cvtepi32_ps(lo8_u(part[k]));
@@ -195,33 +192,9 @@ void dequant_q6_K_avx2(const void* src, float* dst, int64_t n) {
   }
 }
 
-// Sum of the buffer's 64-bit words modulo 2^64 (as read_sum_ref), from 32-byte loads into
-// four independent accumulators so several cache-line misses are in flight at once.
-uint64_t read_sum_avx2(const void* src, size_t n_bytes) {
-  const auto* p = static_cast<const __m256i*>(src);
-  const size_t n = n_bytes / 32;
-  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    a0 = _mm256_add_epi64(a0, _mm256_load_si256(p + i + 0));
-    a1 = _mm256_add_epi64(a1, _mm256_load_si256(p + i + 1));
-    a2 = _mm256_add_epi64(a2, _mm256_load_si256(p + i + 2));
-    a3 = _mm256_add_epi64(a3, _mm256_load_si256(p + i + 3));
-    a0 = _mm256_add_epi64(a0, _mm256_load_si256(p + i + 4));
-    a1 = _mm256_add_epi64(a1, _mm256_load_si256(p + i + 5));
-    a2 = _mm256_add_epi64(a2, _mm256_load_si256(p + i + 6));
-    a3 = _mm256_add_epi64(a3, _mm256_load_si256(p + i + 7));
-  }
-  for (; i < n; ++i) a0 = _mm256_add_epi64(a0, _mm256_load_si256(p + i));
-  const __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
-  const __m128i t = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-  return static_cast<uint64_t>(_mm_cvtsi128_si64(t)) +
-         static_cast<uint64_t>(_mm_extract_epi64(t, 1));
-}
-
 }  // namespace
 
-void fill_kernels_avx2(KernelTable& t) {
+void fill_dequant_avx2(KernelSet& t) {
   t.dequant_row[GGML_F16] = dequant_f16_avx2;
   t.dequant_row[GGML_BF16] = dequant_bf16_avx2;
   t.dequant_row[GGML_Q8_0] = dequant_q8_0_avx2;
@@ -230,7 +203,6 @@ void fill_kernels_avx2(KernelTable& t) {
   t.dequant_row[GGML_Q5_0] = dequant_q5_0_avx2;
   t.dequant_row[GGML_Q4_K] = dequant_q4_K_avx2;
   t.dequant_row[GGML_Q6_K] = dequant_q6_K_avx2;
-  t.read_sum = read_sum_avx2;
 }
 
 }  // namespace pyinfer

@@ -1,12 +1,12 @@
 // dequant_avx512.cpp: AVX-512 (F, BW, VL, DQ) dequantization kernels.
 // This file alone is compiled with the AVX-512 flags. Everything here except
-// fill_kernels_avx512 has internal linkage and no STL template is instantiated, so the linker
+// fill_dequant_avx512 has internal linkage and no STL template is instantiated, so the linker
 // cannot merge code compiled with these flags into a portable caller. Results match
 // dequant_ref.cpp bit for bit.
 #include <immintrin.h>
 
-#include "dispatch.h"
-#include "half.h"
+#include "kernels/abi.h"
+#include "kernels/half.h"
 #include "kernels/kquant_scales.h"
 
 namespace pyinfer {
@@ -19,9 +19,7 @@ inline float scale_f32(const void* p) { return _cvtsh_ss(load_u16_le(p)); }
 inline __m128i load16(const void* p) { return _mm_loadu_si128(static_cast<const __m128i*>(p)); }
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 
-inline void store16(float* dst, __m512i q, __m512 d) {
-  _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
-}
+inline void store16(float* dst, __m512i q, __m512 d) { _mm512_storeu_ps(dst, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d)); }
 
 // Mask of the first r (< 16) lanes.
 inline __mmask16 first_lanes(int64_t r) { return static_cast<__mmask16>((1u << r) - 1); }
@@ -33,22 +31,19 @@ inline __m512 f16x16(__m256i h) {
   const __m512i w = _mm512_cvtepu16_epi32(h);
   const __m512i exp_mask = _mm512_set1_epi32(0x7c00);
   const __mmask16 exp_all_ones = _mm512_cmpeq_epi32_mask(_mm512_and_si512(w, exp_mask), exp_mask);
-  const __m512i special = _mm512_or_si512(
-      _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x8000)), 16),
-                      _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x03ff)), 13)),
-      _mm512_set1_epi32(0x7f800000));
+  const __m512i special =
+      _mm512_or_si512(_mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x8000)), 16),
+                                      _mm512_slli_epi32(_mm512_and_si512(w, _mm512_set1_epi32(0x03ff)), 13)),
+                      _mm512_set1_epi32(0x7f800000));
   return _mm512_mask_mov_ps(f, exp_all_ones, _mm512_castsi512_ps(special));
 }
 
-inline __m512 bf16x16(__m256i h) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+inline __m512 bf16x16(__m256i h) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); }
 
 void dequant_f16_avx512(const void* src, float* dst, int64_t n) {
   const auto* h = static_cast<const uint8_t*>(src);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, f16x16(load32(h + 2 * i)));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, f16x16(load32(h + 2 * i)));
   if (i < n) {
     const __mmask16 k = first_lanes(n - i);
     _mm512_mask_storeu_ps(dst + i, k, f16x16(_mm256_maskz_loadu_epi16(k, h + 2 * i)));
@@ -58,8 +53,7 @@ void dequant_f16_avx512(const void* src, float* dst, int64_t n) {
 void dequant_bf16_avx512(const void* src, float* dst, int64_t n) {
   const auto* h = static_cast<const uint8_t*>(src);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, bf16x16(load32(h + 2 * i)));
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, bf16x16(load32(h + 2 * i)));
   if (i < n) {
     const __mmask16 k = first_lanes(n - i);
     _mm512_mask_storeu_ps(dst + i, k, bf16x16(_mm256_maskz_loadu_epi16(k, h + 2 * i)));
@@ -183,7 +177,7 @@ void dequant_q6_K_avx512(const void* src, float* dst, int64_t n) {
 
 }  // namespace
 
-void fill_kernels_avx512(KernelTable& t) {
+void fill_dequant_avx512(KernelSet& t) {
   t.dequant_row[GGML_F16] = dequant_f16_avx512;
   t.dequant_row[GGML_BF16] = dequant_bf16_avx512;
   t.dequant_row[GGML_Q8_0] = dequant_q8_0_avx512;
@@ -192,12 +186,6 @@ void fill_kernels_avx512(KernelTable& t) {
   t.dequant_row[GGML_Q5_0] = dequant_q5_0_avx512;
   t.dequant_row[GGML_Q4_K] = dequant_q4_K_avx512;
   t.dequant_row[GGML_Q6_K] = dequant_q6_K_avx512;
-  // read_sum stays AVX2's (this table is filled over the AVX2 one). Streaming 512 MiB on
-  // huge pages on the Zen 4 this was tuned on, 32-byte loads into 4 accumulators beat 64-byte
-  // loads into 4 or 8, an or-reduction by vpternlog, software prefetch 256 B to 2 KiB ahead
-  // and 2-4 streams per thread (medians, one run: 31.4 GB/s on one core against 28.6-29.4
-  // for zmm and 18-23 for several streams; 41.6 against 38-39.6 on two), and the probe must
-  // find the ceiling, not the cost of a load width.
 }
 
 }  // namespace pyinfer

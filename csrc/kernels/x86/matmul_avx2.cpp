@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
 
@@ -94,12 +94,10 @@ PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
 
 // One row of W against MT activation rows; per element: four accumulators over each
 // 32-run of k, summed (a0 + a1) + (a2 + a3) at the end. One weight row at a time keeps a
-// GEMV to a single sequential stream: tiles of 2-8 rows, rows a few KiB apart, read F16
-// and BF16 at 14-22 GB/s where one row reads at the bandwidth probe's 31 GB/s (Zen 4, one
-// thread, huge pages). In a GEMM each weight load serves the MT activation rows. The
-// AVX-512 table uses these kernels too (see fill_matmul_avx512).
-PYINFER_INLINE void exact_tile(int type, int MT, const uint8_t* row, const float* x, int64_t K,
-                               float* y, int64_t ldy) {
+// GEMV to a single sequential stream, which reads faster than tiles of several rows
+// (docs/tuning.md, "one weight row at a time"). In a GEMM each weight load serves the MT
+// activation rows. The AVX-512 table uses these kernels too (see fill_matmul_avx512).
+PYINFER_INLINE void exact_tile(int type, int MT, const uint8_t* row, const float* x, int64_t K, float* y, int64_t ldy) {
   __m256 acc[2][4];
   for (int c = 0; c < MT; ++c)
     for (int i = 0; i < 4; ++i) acc[c][i] = _mm256_setzero_ps();
@@ -107,15 +105,14 @@ PYINFER_INLINE void exact_tile(int type, int MT, const uint8_t* row, const float
     __m256 wv[4];
     for (int i = 0; i < 4; ++i) wv[i] = load_w8(type, row, k + 8 * i);
     for (int c = 0; c < MT; ++c)
-      for (int i = 0; i < 4; ++i)
-        acc[c][i] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + c * K + k + 8 * i), acc[c][i]);
+      for (int i = 0; i < 4; ++i) acc[c][i] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + c * K + k + 8 * i), acc[c][i]);
   }
   for (int c = 0; c < MT; ++c)
     y[c * ldy] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][1]), _mm256_add_ps(acc[c][2], acc[c][3])));
 }
 
-PYINFER_INLINE void exact_rows(int type, const void* w, int64_t rb, const float* x, int64_t M,
-                               int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+PYINFER_INLINE void exact_rows(int type, const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
+                               int64_t n_rows, float* y, int64_t ldy) {
   const auto* wb = static_cast<const uint8_t*>(w);
   for (int64_t n = 0; n < n_rows; ++n) {
     int64_t m = 0;
@@ -140,7 +137,8 @@ void matmul_exact_avx2(const void* w, int64_t rb, const float* x, int64_t M, int
 // q_w as the dot product above takes it: Q8_0 signed, Q4 the stored nibble.
 PYINFER_INLINE __m256i add_split(int type, __m256i p, const uint8_t* blk, const block_q8a* xb) {
   if (xb->h4 == 0) return p;
-  return _mm256_add_epi32(p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(128 * act_h(*xb) * stored_quant(type, blk, xb->jo))));
+  return _mm256_add_epi32(
+      p, _mm256_zextsi128_si256(_mm_cvtsi32_si128(128 * act_h(*xb) * stored_quant(type, blk, xb->jo))));
 }
 
 PYINFER_INLINE __m256i block_dot(int type, const uint8_t* blk, const block_q8a* xb) {
@@ -148,12 +146,12 @@ PYINFER_INLINE __m256i block_dot(int type, const uint8_t* blk, const block_q8a* 
   const __m256i ones = _mm256_set1_epi16(1);
   if (type_traits(type).qs_signed) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + type_traits(type).qs_offset));
-    return add_split(type, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)), ones), blk, xb);
+    return add_split(
+        type, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)), ones), blk, xb);
   }
   const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + type_traits(type).qs_offset));
   // Low nibbles are elements 0..15, high nibbles 16..31.
-  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
-                                       _mm256_set1_epi8(0x0f));
+  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), _mm256_set1_epi8(0x0f));
   __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(nib, a), ones);
   // Q4_0 stores q + 8: subtract 8 * sum(a), exactly, in one lane.
   if (type_traits(type).q_bias != 0)
@@ -163,8 +161,8 @@ PYINFER_INLINE __m256i block_dot(int type, const uint8_t* blk, const block_q8a* 
 
 // NR rows of W against one activation row. Per element: acc += float(partials) * (d_w*d_x)
 // over the blocks, then a horizontal sum; Q4_1 adds sum_b m_w * (d_x * sum_x) at the end.
-PYINFER_INLINE void fast_tile(int type, int NR, const uint8_t* w, int64_t rb, const block_q8a* x,
-                              int64_t nb, float* y) {
+PYINFER_INLINE void fast_tile(int type, int NR, const uint8_t* w, int64_t rb, const block_q8a* x, int64_t nb,
+                              float* y) {
   const int bb = type_traits(type).block_bytes;
   __m256 acc[4];
   float acc_min[4];
@@ -185,8 +183,8 @@ PYINFER_INLINE void fast_tile(int type, int NR, const uint8_t* w, int64_t rb, co
   for (int r = 0; r < NR; ++r) y[r] = type_traits(type).has_min ? hsum8(acc[r]) + acc_min[r] : hsum8(acc[r]);
 }
 
-PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
-                              int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                              int64_t n_rows, float* y, int64_t ldy) {
   const auto* wb = static_cast<const uint8_t*>(w);
   const int64_t nb = K / QK8_A;
   int64_t n = 0;
@@ -197,8 +195,8 @@ PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q
 }
 
 template <int T>
-void matmul_fast_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows,
-                      float* y, int64_t ldy) {
+void matmul_fast_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows, float* y,
+                      int64_t ldy) {
   fast_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
@@ -236,7 +234,8 @@ PYINFER_INLINE __m256i add_split8(int type, __m256i isum, const uint8_t* gb, int
     p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(hb, q));
   } else {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * ((jo % 16) / 4) + 32 * half));
-    const __m256i nib = _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(jo >= 16 ? 4 : 0)), _mm256_set1_epi8(0x0f));
+    const __m256i nib =
+        _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(jo >= 16 ? 4 : 0)), _mm256_set1_epi8(0x0f));
     p = _mm256_maddubs_epi16(nib, hb);
   }
   return _mm256_add_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), 7));
@@ -263,15 +262,16 @@ PYINFER_INLINE __m256i packed_dot8(int type, const uint8_t* gb, int h, const blo
     s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), act4(xb, c + 4)));
   }
   __m256i isum = _mm256_madd_epi16(s16, ones);
-  if (type_traits(type).q_bias != 0) isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-type_traits(type).q_bias * xb->sum));
+  if (type_traits(type).q_bias != 0)
+    isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-type_traits(type).q_bias * xb->sum));
   return add_split8(type, isum, gb, h, xb);
 }
 
 // 16 rows of W (one group, n_valid of them real) against MT activation rows.
-PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb,
-                                float* y, int64_t ldy, int n_valid) {
+PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb, float* y,
+                                int64_t ldy, int n_valid) {
   const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
-  __m256 acc[2][2], acc_min[2][2];                         // [MT][half]
+  __m256 acc[2][2], acc_min[2][2];                       // [MT][half]
   for (int c = 0; c < MT; ++c)
     for (int h = 0; h < 2; ++h) acc[c][h] = acc_min[c][h] = _mm256_setzero_ps();
   for (int64_t ib = 0; ib < nb; ++ib) {
@@ -279,7 +279,8 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
     for (int h = 0; h < 2; ++h) {
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
       __m256 mn = _mm256_setzero_ps();
-      if (type_traits(type).has_min) mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
+      if (type_traits(type).has_min)
+        mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
       for (int c = 0; c < MT; ++c) {
         const block_q8a* xb = x + c * nb + ib;
         const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
@@ -297,8 +298,8 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
   }
 }
 
-PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
-                                int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                                int64_t n_rows, float* y, int64_t ldy) {
   const int64_t nb = K / QK8_A;
   const int64_t group_bytes = kPackRows * rb;
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
@@ -316,28 +317,10 @@ void matmul_fast_packed_avx2(const void* w, int64_t rb, const block_q8a* xq, int
   packed_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
-// vpmaddubsw on ymm, the AVX2 kernels' multiply-add step: 32 multiply-adds (u8 x s8, summed
-// in pairs into int16 lanes); the widening that follows it in the kernels is left out.
-int64_t int8_peak_avx2(int64_t n_iter, int32_t* sink) {
-  __m256i acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_epi16(static_cast<int16_t>(i));
-  __m256i x = _mm256_set1_epi8(5);
-  for (int64_t it = 0; it < n_iter; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm256_add_epi16(acc[i], _mm256_maddubs_epi16(acc[i], x));
-    __asm__("" : "+x"(x));  // an opaque operand: the loop cannot be folded
-  }
-  __m256i r = acc[0];
-  for (int i = 1; i < 12; ++i) r = _mm256_add_epi16(r, acc[i]);
-  *sink = _mm256_extract_epi16(r, 0);
-  return n_iter * 12 * 32;
-}
-
 }  // namespace
 
-void fill_matmul_avx2(KernelTable& t) {
+void fill_matmul_avx2(KernelSet& t) {
   t.quantize_act = quantize_act_avx2;
-  t.int8_peak = int8_peak_avx2;
   t.matmul_exact[GGML_F32] = matmul_exact_avx2<GGML_F32>;
   t.matmul_exact[GGML_F16] = matmul_exact_avx2<GGML_F16>;
   t.matmul_exact[GGML_BF16] = matmul_exact_avx2<GGML_BF16>;

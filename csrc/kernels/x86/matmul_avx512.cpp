@@ -9,7 +9,7 @@
 
 #include <cmath>
 
-#include "dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
 
@@ -92,8 +92,8 @@ PYINFER_INLINE __m256i act_init(int type, const block_q8a* xb) {
 
 // NR rows of W against MT activation rows. Per element: acc += float(partials) * (d_w*d_x)
 // over the blocks, then a horizontal sum; Q4_1 adds sum_b m_w * (d_x * sum_x) at the end.
-PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_t rb,
-                              const block_q8a* x, int64_t nb, float* y, int64_t ldy) {
+PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_t rb, const block_q8a* x, int64_t nb,
+                              float* y, int64_t ldy) {
   const int bb = type_traits(type).block_bytes;
   __m256 acc[4][4];
   float acc_min[4][4];
@@ -134,8 +134,8 @@ PYINFER_INLINE void fast_tile(int type, int NR, int MT, const uint8_t* w, int64_
 }
 
 // 4 x 4 tiles: each weight block is unpacked once for four activation rows.
-PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
-                              int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                              int64_t n_rows, float* y, int64_t ldy) {
   const auto* wb = static_cast<const uint8_t*>(w);
   const int64_t nb = K / QK8_A;
   int64_t n = 0;
@@ -149,8 +149,8 @@ PYINFER_INLINE void fast_rows(int type, const void* w, int64_t rb, const block_q
 }
 
 template <int T>
-void matmul_fast_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows,
-                        float* y, int64_t ldy) {
+void matmul_fast_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows, float* y,
+                        int64_t ldy) {
   fast_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
@@ -171,7 +171,8 @@ PYINFER_INLINE __m512i act4(const block_q8a* xb, int c) {
 // rest through the block sum, which counts a_jo whole.
 PYINFER_INLINE __m512i split_dot(int type, const uint8_t* gb, const block_q8a* xb) {
   const int jo = xb->jo;
-  __m512i col = _mm512_loadu_si512(gb + packed_quants_offset(type) + 64 * (type_traits(type).qs_signed ? jo / 4 : jo % 16 / 4));
+  __m512i col =
+      _mm512_loadu_si512(gb + packed_quants_offset(type) + 64 * (type_traits(type).qs_signed ? jo / 4 : jo % 16 / 4));
   if (!type_traits(type).qs_signed)  // the high nibbles hold elements 16..31
     col = _mm512_and_si512(_mm512_srl_epi16(col, _mm_cvtsi32_si128(jo >= 16 ? 4 : 0)), _mm512_set1_epi8(0x0f));
   return _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), col, _mm512_set1_epi32(xb->h4)), 7);
@@ -180,8 +181,8 @@ PYINFER_INLINE __m512i split_dot(int type, const uint8_t* gb, const block_q8a* x
 // 16 rows of W (one group, n_valid of them real) against MT activation rows; pf, if set, is
 // the group to prefetch meanwhile.
 template <int MT>
-PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a* x, int64_t nb,
-                                float* y, int64_t ldy, int n_valid, const uint8_t* pf) {
+PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
+                                int n_valid, const uint8_t* pf) {
   const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
   const int qo = packed_quants_offset(type);
   __m512 acc[4], acc_min[4];
@@ -198,13 +199,14 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
     } else {
       for (int c = 0; c < 4; ++c) {
         const __m512i v = _mm512_loadu_si512(gb + qo + 64 * c);
-        wq[c] = _mm512_and_si512(v, m4);                          // elements 4c..4c+3
+        wq[c] = _mm512_and_si512(v, m4);                            // elements 4c..4c+3
         wq[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);  // elements 16+4c..
       }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
     __m512 mn = _mm512_setzero_ps();
-    if (type_traits(type).has_min) mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kPackedMins)));
+    if (type_traits(type).has_min)
+      mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kPackedMins)));
     // Each row's integer sum is NA chains of dot steps (8 / NA steps each, added at the end),
     // the MT rows' chains interleaved, so that at least four are in flight (vpdpbusd's latency
     // in steps it could issue); the split terms follow, behind their branch. Integer sums do
@@ -247,13 +249,12 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
     _mm512_mask_storeu_ps(y + c * ldy, k, type_traits(type).has_min ? _mm512_add_ps(acc[c], acc_min[c]) : acc[c]);
 }
 
-PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
-                                int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
+                                int64_t n_rows, float* y, int64_t ldy) {
   const int64_t nb = K / QK8_A;
   const int64_t group_bytes = kPackRows * rb;
   if (M >= 2)  // the first group: all of its lines requested at once, not found one by one
-    for (int64_t o = 0; o < group_bytes; o += 64)
-      _mm_prefetch(static_cast<const char*>(w) + o, _MM_HINT_T0);
+    for (int64_t o = 0; o < group_bytes; o += 64) _mm_prefetch(static_cast<const char*>(w) + o, _MM_HINT_T0);
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
     const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
@@ -262,7 +263,8 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
     // and there the hardware prefetcher alone does better).
     const uint8_t* pf = n + kPackRows < n_rows && M >= 2 ? group + group_bytes : nullptr;
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4, pf = nullptr) packed_tile<4>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
+    for (; m + 4 <= M; m += 4, pf = nullptr)
+      packed_tile<4>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
     // The last one to three rows in one tile.
     const block_q8a* xr = xq + m * nb;
     float* yr = y + m * ldy + n;
@@ -278,33 +280,13 @@ void matmul_fast_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, i
   packed_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
-// vpdpbusd on zmm: 64 multiply-adds (u8 x s8, summed in fours into int32 lanes).
-int64_t int8_peak_avx512(int64_t n_iter, int32_t* sink) {
-  __m512i acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_epi32(i);
-  __m512i w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
-  for (int64_t it = 0; it < n_iter; ++it) {
-#pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = _mm512_dpbusd_epi32(acc[i], w, x);
-    __asm__("" : "+v"(w), "+v"(x));  // opaque operands: the loop cannot be folded
-  }
-  __m512i r = acc[0];
-  for (int i = 1; i < 12; ++i) r = _mm512_add_epi32(r, acc[i]);
-  *sink = _mm512_reduce_add_epi32(r);
-  return n_iter * 12 * 64;
-}
-
 }  // namespace
 
-void fill_matmul_avx512(KernelTable& t) {
+void fill_matmul_avx512(KernelSet& t) {
   t.quantize_act = quantize_act_avx512;
-  t.int8_peak = int8_peak_avx512;
   // Exact mode on F32, F16 and BF16 weights stays AVX2's (this table is filled over the AVX2
-  // one). On the Zen 4 this was tuned on, which splits zmm work into two 256-bit halves,
-  // ymm kernels read a GEMV's F16 rows at the bandwidth probe's rate where the same kernel
-  // on zmm (vcvtph2ps zmm) reached 77-80% of it, and run GEMMs 5-15% faster
-  // (one run, one thread, K = 2048: F16 GEMV 29.7 against 24.1 GB/s, probe 29-31; F16 GEMM
-  // at M = 64, 53 against 48 GFLOP/s, F32 47 against 40).
+  // one): where zmm work is split into two 256-bit halves the ymm kernels read and multiply
+  // faster (docs/tuning.md, "exact kernels stay AVX2's").
   t.matmul_fast[GGML_Q8_0] = matmul_fast_avx512<GGML_Q8_0>;
   t.matmul_fast[GGML_Q4_0] = matmul_fast_avx512<GGML_Q4_0>;
   t.matmul_fast[GGML_Q4_1] = matmul_fast_avx512<GGML_Q4_1>;

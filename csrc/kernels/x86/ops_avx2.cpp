@@ -7,9 +7,9 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/attn_groups.h"
-#include "half.h"
+#include "kernels/half.h"
 
 namespace pyinfer {
 namespace {
@@ -201,8 +201,7 @@ inline __m256 kv8_full(const void* p, int64_t idx) {
 // each score is one multiply-add chain over d = 0..head_dim-1 in order, so its bits do not
 // depend on RG or NB.
 template <int RG, int NB, bool F16>
-inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s,
-                         int64_t ls) {
+inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls) {
   __m256 acc[RG][2 * NB];
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int n = 0; n < 2 * NB; ++n) acc[r][n] = _mm256_setzero_ps();
@@ -299,7 +298,7 @@ void attention_avx2(const AttnTile& t) {
 
 }  // namespace
 
-void fill_ops_avx2(KernelTable& t) {
+void fill_ops_avx2(KernelSet& t) {
   t.rms_norm_f32 = rms_norm_f32_avx2;
   t.rope_f32 = rope_f32_avx2;
   t.swiglu_f32 = swiglu_f32_avx2;

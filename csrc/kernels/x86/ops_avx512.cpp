@@ -6,9 +6,9 @@
 #include <immintrin.h>
 #include <math.h>
 
-#include "dispatch.h"
+#include "kernels/abi.h"
 #include "kernels/attn_groups.h"
-#include "half.h"
+#include "kernels/half.h"
 
 namespace pyinfer {
 namespace {
@@ -116,8 +116,7 @@ void swiglu_f32_avx512(const float* gate, const float* up, float* out, int64_t n
 void add_f32_avx512(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = lanes(n - i);
-    _mm512_mask_storeu_ps(out + i, k,
-                          _mm512_add_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i)));
+    _mm512_mask_storeu_ps(out + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i)));
   }
 }
 
@@ -160,8 +159,7 @@ void softmax_f32_avx512(const float* x, float* out, int64_t n) {
 void f32_to_f16_avx512(const float* src, fp16_t* dst, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = lanes(n - i);
-    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(k, src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     _mm256_mask_storeu_epi16(dst + i, k, h);
   }
 }
@@ -177,8 +175,7 @@ inline __m512 kv16(const void* p, int64_t idx, __mmask16 k) {
 // NB * 16 positions. Each K vector load feeds RG multiply-adds, and each score is one
 // multiply-add chain over d = 0..head_dim-1 in order, so its bits do not depend on RG or NB.
 template <int RG, int NB, bool F16>
-inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s,
-                         int64_t ls) {
+inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls) {
   __m512 acc[RG][NB];
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_setzero_ps();
@@ -187,8 +184,8 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
     UNROLL for (int n = 0; n < NB; ++n) {
       kv[n] = kv16<F16>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
       // Pin the vector in a register: GCC would otherwise fold the load into each of the RG
-      // multiply-adds as a memory operand, RG loads where one will do (prefill attention took
-      // 40% longer).
+      // multiply-adds as a memory operand, RG loads where one will do (docs/tuning.md,
+      // "the key vector pinned in a register").
       __asm__("" : "+v"(kv[n]));
     }
     UNROLL for (int r = 0; r < RG; ++r) {
@@ -285,7 +282,7 @@ void attention_avx512(const AttnTile& t) {
 
 }  // namespace
 
-void fill_ops_avx512(KernelTable& t) {
+void fill_ops_avx512(KernelSet& t) {
   t.rms_norm_f32 = rms_norm_f32_avx512;
   t.rope_f32 = rope_f32_avx512;
   t.swiglu_f32 = swiglu_f32_avx512;

@@ -88,12 +88,12 @@ def study_ceiling(s: Settings) -> Report:
         t = TARGET_TYPES[name]
         raw = quants.quantize(wf, t)
         w = _C.repack(raw, int(t), n, k) if packed else raw
-        y = _C.matmul(x, w, int(t), n, k, mode=mode, packed=packed)
+        y = _C.matmul(x, w, int(t), n, k, precision=mode, packed=packed)
         ref = x @ quants.dequantize(raw, t).reshape(n, k).T
         err = float(np.abs(y - ref).max() / np.abs(ref).max())
         if not err < 0.05:
             raise RuntimeError(f"ceiling: {name} matmul differs from NumPy by {err:.3g} (relative)")
-        secs = _time_call(lambda w=w, t=t, mode=mode, packed=packed: _C.matmul(x, w, int(t), n, k, mode=mode,
+        secs = _time_call(lambda w=w, t=t, mode=mode, packed=packed: _C.matmul(x, w, int(t), n, k, precision=mode,
                                                                                 packed=packed, n_threads=1))
         gops = [2 * m_rows * n * k / sec / 1e9 for sec in secs]
         compute.append({"weights": name, "mode": mode, "layout": "packed16" if packed else "blocks",

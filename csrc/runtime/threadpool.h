@@ -48,16 +48,19 @@ void parallel_for(int n_threads, int64_t n, int64_t chunk, const Body& body) {
     int64_t n, chunk;
     std::atomic<int64_t> next{0};
   } ctx{&body, n, chunk};
-  pool_run(n_threads, [](void* p, int tid, int) {
-    Ctx& c = *static_cast<Ctx*>(p);
-    for (;;) {
-      const int64_t i = c.next.fetch_add(1, std::memory_order_relaxed);
-      const int64_t begin = i * c.chunk;
-      if (begin >= c.n) break;
-      const int64_t end = begin + c.chunk < c.n ? begin + c.chunk : c.n;
-      (*c.body)(begin, end, tid);
-    }
-  }, &ctx);
+  pool_run(
+      n_threads,
+      [](void* p, int tid, int) {
+        Ctx& c = *static_cast<Ctx*>(p);
+        for (;;) {
+          const int64_t i = c.next.fetch_add(1, std::memory_order_relaxed);
+          const int64_t begin = i * c.chunk;
+          if (begin >= c.n) break;
+          const int64_t end = begin + c.chunk < c.n ? begin + c.chunk : c.n;
+          (*c.body)(begin, end, tid);
+        }
+      },
+      &ctx);
 }
 
 }  // namespace pyinfer

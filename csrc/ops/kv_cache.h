@@ -1,12 +1,12 @@
-// kv_cache.h: a per-sequence KV cache laid out for the attention kernel, and causal
-// grouped-query attention of M new queries against it.
+// kv_cache.h: a per-sequence KV cache laid out for the attention kernels (ops/attention.h
+// drives them over it).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
-#include "dispatch.h"
+#include "kernels/abi.h"
 
 namespace pyinfer {
 
@@ -14,13 +14,21 @@ namespace pyinfer {
 // K in blocks of kKeyBlock positions, [n_layer][n_head_kv][n_blk][kKeyBlock * head_dim] with
 // n_blk = n_ctx / kKeyBlock rounded up. A complete block (below n_pos(layer) / kKeyBlock) is
 // [head_dim][kKeyBlock], kKeyBlock positions side by side for each dimension, so a query's
-// scores against it come from whole-vector multiply-adds (dispatch.h, AttnFn). The partial
+// scores against it come from whole-vector multiply-adds (kernels/abi.h, AttnFn). The partial
 // block at n_pos / kKeyBlock is held row-major, [kKeyBlock][head_dim], and transposed once when
 // it fills: a decode step's append then writes one row of K, not one element in each of
 // head_dim cache lines. One (layer, KV head) is a contiguous region of each, so attention
 // streams its keys and values in position order. Positions 0..n_pos(layer)-1 of a layer hold
 // data; appends continue from there or overwrite from an earlier position (which drops the
 // later ones). Errors throw std::invalid_argument with a message naming the bad value.
+// Rows 0..n-1 of a row-major key block (the partial one), transposed into out [hd][kKeyBlock],
+// the layout of a complete block.
+template <typename T>
+void transpose_keys(const T* rows, int64_t n, int64_t hd, T* out) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t d = 0; d < hd; ++d) out[d * kKeyBlock + r] = rows[r * hd + d];
+}
+
 class KVCache {
  public:
   KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, KvType type);
@@ -28,8 +36,8 @@ class KVCache {
   // Write m new positions pos..pos+m-1 of one layer: k, v [m][stride] rows holding n_head_kv
   // heads of head_dim floats each (K already rotated). Needs pos <= n_pos(layer) and
   // pos + m <= n_ctx.
-  void append(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride,
-              int64_t pos, int64_t m);
+  void append(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t pos,
+              int64_t m);
 
   // Start of the key blocks (see above) and of the values ([n_ctx][head_dim]) of (layer, KV head).
   const void* k(int64_t layer, int64_t head) const { return k_.get() + k_offset(layer, head); }
@@ -70,39 +78,5 @@ class KVCache {
   std::unique_ptr<uint8_t, FreeDeleter> k_, v_;
   std::vector<int64_t> n_pos_;  // [n_layer]
 };
-
-// Causal grouped-query attention of n_q new queries at positions pos..pos+n_q-1, which the
-// cache's layer already holds. Query head h reads KV head h / (n_head / n_head_kv); query t
-// sees positions 0..pos+t, or the last `window` of them when window > 0.
-struct AttentionArgs {
-  const float* q;      // [n_q][q_stride], head h at h * head_dim
-  int64_t q_stride;
-  float* out;          // [n_q][out_stride], same head layout as q
-  int64_t out_stride;
-  const KVCache* cache;
-  int64_t layer;
-  int64_t pos;
-  int64_t n_q;
-  int64_t n_head;
-  float scale;         // usually 1 / sqrt(head_dim)
-  int64_t window;      // 0: full causal attention
-};
-
-// Checks the arguments against the cache; throws std::invalid_argument.
-void attention_check(const AttentionArgs& a);
-// Query rows per tile: 1, or a few when a KV head has fewer than three query heads.
-int64_t attention_rows(const AttentionArgs& a);
-// Work items are (tile of attention_rows(a) query rows, head h) pairs numbered
-// tile * n_head + h; there are attention_items(a) of them.
-int64_t attention_items(const AttentionArgs& a);
-// Computes items [begin, end) with the active ISA's kernel, one call per run of heads that
-// share a KV head, so that they share each load of K and V. scratch: attention_scratch(a) floats.
-void attention_range(const AttentionArgs& a, int64_t begin, int64_t end, float* scratch);
-// Scratch floats attention_range needs: the scores, and room to transpose a partial key block.
-int64_t attention_scratch(const AttentionArgs& a);
-// The parallel_for chunk for n_items items in runs of `group` heads sharing a KV head.
-int64_t attention_chunk(int64_t n_items, int64_t group, int n_threads);
-// All items, split into chunks over n_threads threads (results do not depend on the split).
-void attention(const AttentionArgs& a, int n_threads);
 
 }  // namespace pyinfer

@@ -37,15 +37,15 @@ using bf16_t = uint16_t;  // bfloat16, raw bits
 
 constexpr int QK4_0 = 32;
 struct block_q4_0 {
-  fp16_t d;            // scale
+  fp16_t d;               // scale
   uint8_t qs[QK4_0 / 2];  // low nibbles: elements 0..15, high nibbles: 16..31; value = (q - 8) * d
 };
 static_assert(sizeof(block_q4_0) == 18, "q4_0 block size");
 
 constexpr int QK4_1 = 32;
 struct block_q4_1 {
-  fp16_t d;            // scale
-  fp16_t m;            // min; value = q * d + m
+  fp16_t d;               // scale
+  fp16_t m;               // min; value = q * d + m
   uint8_t qs[QK4_1 / 2];  // same nibble order as q4_0
 };
 static_assert(sizeof(block_q4_1) == 20, "q4_1 block size");
@@ -53,7 +53,7 @@ static_assert(sizeof(block_q4_1) == 20, "q4_1 block size");
 constexpr int QK5_0 = 32;
 struct block_q5_0 {
   fp16_t d;
-  uint8_t qh[4];       // fifth bit of each element, bit i for element i
+  uint8_t qh[4];          // fifth bit of each element, bit i for element i
   uint8_t qs[QK5_0 / 2];  // value = ((nibble | high bit << 4) - 16) * d
 };
 static_assert(sizeof(block_q5_0) == 22, "q5_0 block size");
@@ -61,7 +61,7 @@ static_assert(sizeof(block_q5_0) == 22, "q5_0 block size");
 constexpr int QK5_1 = 32;
 struct block_q5_1 {
   fp16_t d;
-  fp16_t m;            // value = (nibble | high bit << 4) * d + m
+  fp16_t m;  // value = (nibble | high bit << 4) * d + m
   uint8_t qh[4];
   uint8_t qs[QK5_1 / 2];
 };
@@ -70,19 +70,19 @@ static_assert(sizeof(block_q5_1) == 24, "q5_1 block size");
 constexpr int QK8_0 = 32;
 struct block_q8_0 {
   fp16_t d;
-  int8_t qs[QK8_0];    // value = q * d
+  int8_t qs[QK8_0];  // value = q * d
 };
 static_assert(sizeof(block_q8_0) == 34, "q8_0 block size");
 
 constexpr int QK8_1 = 32;
 struct block_q8_1 {
   fp16_t d;
-  fp16_t s;            // d * sum(qs), not a min
+  fp16_t s;  // d * sum(qs), not a min
   int8_t qs[QK8_1];
 };
 static_assert(sizeof(block_q8_1) == 36, "q8_1 block size");
 
-constexpr int QK_K = 256;   // super-block of the K-quants
+constexpr int QK_K = 256;  // super-block of the K-quants
 constexpr int K_SCALE_SIZE = 12;
 struct block_q2_K {
   uint8_t scales[QK_K / 16];  // 16 sub-blocks of 16: 4-bit scale (low) and 4-bit min (high)
@@ -93,18 +93,18 @@ struct block_q2_K {
 static_assert(sizeof(block_q2_K) == 84, "q2_K block size");
 
 struct block_q3_K {
-  uint8_t hmask[QK_K / 8];    // third bit of each quant
-  uint8_t qs[QK_K / 4];       // low 2 bits
+  uint8_t hmask[QK_K / 8];       // third bit of each quant
+  uint8_t qs[QK_K / 4];          // low 2 bits
   uint8_t scales[K_SCALE_SIZE];  // 16 6-bit scales, packed
-  fp16_t d;                   // value = d * (scale - 32) * (q - 4)
+  fp16_t d;                      // value = d * (scale - 32) * (q - 4)
 };
 static_assert(sizeof(block_q3_K) == 110, "q3_K block size");
 
 struct block_q4_K {
-  fp16_t d;            // super-block scale for the 6-bit sub-block scales
-  fp16_t dmin;         // super-block scale for the 6-bit sub-block mins
+  fp16_t d;                      // super-block scale for the 6-bit sub-block scales
+  fp16_t dmin;                   // super-block scale for the 6-bit sub-block mins
   uint8_t scales[K_SCALE_SIZE];  // 8 sub-blocks of 32: 6-bit scale and 6-bit min each, packed
-  uint8_t qs[QK_K / 2];  // per 64 elements: 32 bytes, low nibbles first 32, high nibbles next 32
+  uint8_t qs[QK_K / 2];          // per 64 elements: 32 bytes, low nibbles first 32, high nibbles next 32
 };
 static_assert(sizeof(block_q4_K) == 144, "q4_K block size");
 
@@ -126,9 +126,9 @@ struct block_q6_K {
 static_assert(sizeof(block_q6_K) == 210, "q6_K block size");
 
 struct block_q8_K {
-  float d;                    // a float32 scale, unlike every other block
+  float d;  // a float32 scale, unlike every other block
   int8_t qs[QK_K];
-  int16_t bsums[QK_K / 16];   // sums of the quants in groups of 16
+  int16_t bsums[QK_K / 16];  // sums of the quants in groups of 16
 };
 static_assert(sizeof(block_q8_K) == 292, "q8_K block size");
 
@@ -136,7 +136,7 @@ static_assert(sizeof(block_q8_K) == 292, "q8_K block size");
 
 // What the code needs to know of a type's encoding. Kernels and drivers read these instead of
 // writing sizes and offsets out; which kernels a type has is the kernel table's business
-// (dispatch.h), not a trait.
+// (runtime/dispatch.h), not a trait.
 struct TypeTraits {
   const char* name;  // as GGUF tools print it; nullptr for an id pyinfer does not know
   int block_elems;   // elements per block (1 for the plain types)
@@ -162,8 +162,19 @@ constexpr TypeTraits plain(const char* name, int bytes, bool is_float) {
 // Sizes and offsets given from the block's struct, so that they cannot drift from it.
 constexpr TypeTraits block(const char* name, int elems, size_t bytes, int bits, size_t qs_offset, size_t qs_bytes,
                            size_t d_offset, long m_offset, int q_bias, int n_scales, bool qs_signed) {
-  return {name, elems, static_cast<int>(bytes), bits, static_cast<int>(qs_offset), static_cast<int>(qs_bytes),
-          static_cast<int>(d_offset), static_cast<int>(m_offset), q_bias, n_scales, m_offset >= 0, qs_signed, false};
+  return {name,
+          elems,
+          static_cast<int>(bytes),
+          bits,
+          static_cast<int>(qs_offset),
+          static_cast<int>(qs_bytes),
+          static_cast<int>(d_offset),
+          static_cast<int>(m_offset),
+          q_bias,
+          n_scales,
+          m_offset >= 0,
+          qs_signed,
+          false};
 }
 #define PYINFER_AT(S, F) offsetof(S, F), sizeof(S::F)  // a field's offset and size
 
@@ -179,30 +190,30 @@ constexpr std::array<TypeTraits, GGML_TYPE_SLOTS> make_type_traits() {
   t[GGML_I64] = plain("I64", 8, false);
   // name, elements, bytes, bits, the quants' offset and size, d's offset, the min's offset,
   // q_bias, scales, signed quants
-  t[GGML_Q4_0] = block("Q4_0", QK4_0, sizeof(block_q4_0), 4, PYINFER_AT(block_q4_0, qs),
-                       offsetof(block_q4_0, d), -1, 8, 1, false);
-  t[GGML_Q4_1] = block("Q4_1", QK4_1, sizeof(block_q4_1), 4, PYINFER_AT(block_q4_1, qs),
-                       offsetof(block_q4_1, d), offsetof(block_q4_1, m), 0, 1, false);
-  t[GGML_Q5_0] = block("Q5_0", QK5_0, sizeof(block_q5_0), 5, PYINFER_AT(block_q5_0, qs),
-                       offsetof(block_q5_0, d), -1, 16, 1, false);
-  t[GGML_Q5_1] = block("Q5_1", QK5_1, sizeof(block_q5_1), 5, PYINFER_AT(block_q5_1, qs),
-                       offsetof(block_q5_1, d), offsetof(block_q5_1, m), 0, 1, false);
-  t[GGML_Q8_0] = block("Q8_0", QK8_0, sizeof(block_q8_0), 8, PYINFER_AT(block_q8_0, qs),
-                       offsetof(block_q8_0, d), -1, 0, 1, true);
-  t[GGML_Q8_1] = block("Q8_1", QK8_1, sizeof(block_q8_1), 8, PYINFER_AT(block_q8_1, qs),
-                       offsetof(block_q8_1, d), -1, 0, 1, true);
-  t[GGML_Q2_K] = block("Q2_K", QK_K, sizeof(block_q2_K), 2, PYINFER_AT(block_q2_K, qs),
-                       offsetof(block_q2_K, d), offsetof(block_q2_K, dmin), 0, QK_K / 16, false);
-  t[GGML_Q3_K] = block("Q3_K", QK_K, sizeof(block_q3_K), 3, PYINFER_AT(block_q3_K, qs),
-                       offsetof(block_q3_K, d), -1, 4, QK_K / 16, false);
-  t[GGML_Q4_K] = block("Q4_K", QK_K, sizeof(block_q4_K), 4, PYINFER_AT(block_q4_K, qs),
-                       offsetof(block_q4_K, d), offsetof(block_q4_K, dmin), 0, QK_K / 32, false);
-  t[GGML_Q5_K] = block("Q5_K", QK_K, sizeof(block_q5_K), 5, PYINFER_AT(block_q5_K, qs),
-                       offsetof(block_q5_K, d), offsetof(block_q5_K, dmin), 0, QK_K / 32, false);
-  t[GGML_Q6_K] = block("Q6_K", QK_K, sizeof(block_q6_K), 6, PYINFER_AT(block_q6_K, ql),
-                       offsetof(block_q6_K, d), -1, 32, QK_K / 16, false);
-  t[GGML_Q8_K] = block("Q8_K", QK_K, sizeof(block_q8_K), 8, PYINFER_AT(block_q8_K, qs),
-                       offsetof(block_q8_K, d), -1, 0, 1, true);
+  t[GGML_Q4_0] =
+      block("Q4_0", QK4_0, sizeof(block_q4_0), 4, PYINFER_AT(block_q4_0, qs), offsetof(block_q4_0, d), -1, 8, 1, false);
+  t[GGML_Q4_1] = block("Q4_1", QK4_1, sizeof(block_q4_1), 4, PYINFER_AT(block_q4_1, qs), offsetof(block_q4_1, d),
+                       offsetof(block_q4_1, m), 0, 1, false);
+  t[GGML_Q5_0] = block("Q5_0", QK5_0, sizeof(block_q5_0), 5, PYINFER_AT(block_q5_0, qs), offsetof(block_q5_0, d), -1,
+                       16, 1, false);
+  t[GGML_Q5_1] = block("Q5_1", QK5_1, sizeof(block_q5_1), 5, PYINFER_AT(block_q5_1, qs), offsetof(block_q5_1, d),
+                       offsetof(block_q5_1, m), 0, 1, false);
+  t[GGML_Q8_0] =
+      block("Q8_0", QK8_0, sizeof(block_q8_0), 8, PYINFER_AT(block_q8_0, qs), offsetof(block_q8_0, d), -1, 0, 1, true);
+  t[GGML_Q8_1] =
+      block("Q8_1", QK8_1, sizeof(block_q8_1), 8, PYINFER_AT(block_q8_1, qs), offsetof(block_q8_1, d), -1, 0, 1, true);
+  t[GGML_Q2_K] = block("Q2_K", QK_K, sizeof(block_q2_K), 2, PYINFER_AT(block_q2_K, qs), offsetof(block_q2_K, d),
+                       offsetof(block_q2_K, dmin), 0, QK_K / 16, false);
+  t[GGML_Q3_K] = block("Q3_K", QK_K, sizeof(block_q3_K), 3, PYINFER_AT(block_q3_K, qs), offsetof(block_q3_K, d), -1, 4,
+                       QK_K / 16, false);
+  t[GGML_Q4_K] = block("Q4_K", QK_K, sizeof(block_q4_K), 4, PYINFER_AT(block_q4_K, qs), offsetof(block_q4_K, d),
+                       offsetof(block_q4_K, dmin), 0, QK_K / 32, false);
+  t[GGML_Q5_K] = block("Q5_K", QK_K, sizeof(block_q5_K), 5, PYINFER_AT(block_q5_K, qs), offsetof(block_q5_K, d),
+                       offsetof(block_q5_K, dmin), 0, QK_K / 32, false);
+  t[GGML_Q6_K] = block("Q6_K", QK_K, sizeof(block_q6_K), 6, PYINFER_AT(block_q6_K, ql), offsetof(block_q6_K, d), -1, 32,
+                       QK_K / 16, false);
+  t[GGML_Q8_K] =
+      block("Q8_K", QK_K, sizeof(block_q8_K), 8, PYINFER_AT(block_q8_K, qs), offsetof(block_q8_K, d), -1, 0, 1, true);
   return t;
 }
 #undef PYINFER_AT

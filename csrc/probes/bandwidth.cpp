@@ -1,5 +1,6 @@
-// bandwidth.cpp: the read-bandwidth probe's driver; the inner loop comes from the ISA table.
-#include "bandwidth.h"
+// bandwidth.cpp: the read-bandwidth probe's driver (its inner loop picked by the active ISA
+// path, probe_kernels.h) and STREAM's copy and triad.
+#include "probes/bandwidth.h"
 
 #include <atomic>
 #include <chrono>
@@ -14,11 +15,35 @@
 #include <sys/mman.h>
 #endif
 
-#include "dispatch.h"
+#include "probes/probe_kernels.h"
+#include "runtime/isa.h"
 
 namespace pyinfer {
 
 namespace {
+
+// The sum, modulo 2^64, of the buffer's little-endian 64-bit words: every ISA's variant
+// returns the same value for the same bytes.
+uint64_t read_sum_scalar(const void* src, size_t n_bytes) {
+  const auto* p = static_cast<const uint64_t*>(src);
+  uint64_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (size_t i = 0; i < n_bytes / 8; i += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += p[i + k];
+  uint64_t s = 0;
+  for (uint64_t a : acc) s += a;
+  return s;
+}
+
+ReadSumFn read_sum_for(Isa isa) {
+#if PYINFER_X86
+  // The AVX-512 path reads with AVX2's loop: 32-byte loads into 4 accumulators read fastest,
+  // and the probe must find the ceiling, not the cost of a load width (docs/tuning.md,
+  // "the read loop").
+  if (isa == Isa::avx2 || isa == Isa::avx512) return read_sum_avx2;
+#endif
+  (void)isa;
+  return read_sum_scalar;
+}
 
 struct FreeDeleter {
   void operator()(void* p) const { std::free(p); }
@@ -54,10 +79,10 @@ namespace {
 
 // Memory that large arrays of weights get: 2 MiB aligned and advised to transparent huge
 // pages. NumPy asks for huge pages on every large array (and the kernels read weights
-// through NumPy), and on this machine's Zen 4 a stream over 2 MiB pages reads 15-20% faster
-// than one over 4 KiB pages (fewer TLB misses and page walks in the way of the
-// prefetchers): a probe on small pages was no ceiling for a GEMV on huge ones. Where the
-// kernel grants no huge pages, neither does it to NumPy, and both use small pages.
+// through NumPy), and a stream over huge pages reads faster (fewer TLB misses), so a probe on
+// small pages was no ceiling for a GEMV on huge ones (docs/tuning.md, "arrays on huge
+// pages"). Where the kernel grants no huge pages, neither does it to NumPy, and both use
+// small pages.
 std::unique_ptr<uint8_t, FreeDeleter> alloc_like_weights(size_t n_bytes) {
   constexpr size_t kHugePage = size_t{2} << 20;
   const size_t alloc_bytes = (n_bytes + kHugePage - 1) / kHugePage * kHugePage;
@@ -126,7 +151,7 @@ BandwidthResult measure_read_bandwidth(size_t n_bytes, int n_threads, int repeat
   if (n_bytes == 0) throw std::invalid_argument("n_bytes must be at least 4096 * n_threads");
   auto buf = alloc_like_weights(n_bytes);
   const size_t slice = n_bytes / n_threads;
-  const ReadSumFn read_sum = kernels().read_sum;
+  const ReadSumFn read_sum = read_sum_for(active_isa());
   std::vector<uint64_t> sums;  // [rep][t]: what thread t read in pass rep
   BandwidthResult r;
   r.seconds = timed_passes(

@@ -1,11 +1,12 @@
 // dispatch.cpp: builds one kernel table per compiled ISA and picks the active one.
-#include "dispatch.h"
+#include "runtime/dispatch.h"
 
 #include <atomic>
 #include <cstdlib>
 #include <stdexcept>
 
-#include "cpu_features.h"
+#include "runtime/cpu_features.h"
+#include "runtime/isa.h"
 
 namespace pyinfer {
 
@@ -43,20 +44,20 @@ KernelTable make_table(Isa isa) {
   KernelTable t{};
   t.isa = isa;
   // Every table starts from the scalar kernels, so a type without a SIMD variant still works.
-  fill_kernels_scalar(t);
+  fill_dequant_scalar(t);
   fill_ops_scalar(t);
   fill_matmul_scalar(t);
 #if PYINFER_X86
   if (isa == Isa::avx2) {
-    fill_kernels_avx2(t);
+    fill_dequant_avx2(t);
     fill_ops_avx2(t);
     fill_matmul_avx2(t);
   }
   if (isa == Isa::avx512) {
-    fill_kernels_avx2(t);
+    fill_dequant_avx2(t);
     fill_ops_avx2(t);
     fill_matmul_avx2(t);
-    fill_kernels_avx512(t);
+    fill_dequant_avx512(t);
     fill_ops_avx512(t);
     fill_matmul_avx512(t);
   }
@@ -113,6 +114,8 @@ const KernelTable& kernels() {
   }
   return *t;
 }
+
+Isa active_isa() { return kernels().isa; }
 
 void set_isa(Isa isa) { g_active.store(&kernels_for(isa), std::memory_order_release); }
 

@@ -1,5 +1,5 @@
 // cpu_features.cpp: cpuid/xgetbv feature detection (compiled with no -m flags).
-#include "cpu_features.h"
+#include "runtime/cpu_features.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>

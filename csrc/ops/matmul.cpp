@@ -1,7 +1,6 @@
 // matmul.cpp: splits a matmul over the thread pool and feeds the active ISA's row kernels.
-#include "matmul.h"
+#include "ops/matmul.h"
 
-#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -9,9 +8,9 @@
 
 #include <cstring>
 
-#include "dispatch.h"
 #include "kernels/packed16.h"
-#include "threadpool.h"
+#include "runtime/dispatch.h"
+#include "runtime/threadpool.h"
 
 namespace pyinfer {
 namespace {
@@ -25,10 +24,9 @@ constexpr int64_t kRowsM = 64;
 // Rows of a quantized W dequantized at a time in exact mode (16 x K floats of scratch).
 constexpr int64_t kDequantRows = 16;
 
-// W's rows per chunk: one contiguous share per thread. Every new run of rows a thread starts
-// costs a ramp-up of the hardware prefetchers and a cold first group; on 2 threads one share
-// each decoded 12-18% faster and prefilled 5% faster than four chunks each (alternating runs,
-// noise included, which the finer split was meant to absorb). Where the activations come in
+// W's rows per chunk: one contiguous share per thread, since every new run of rows a thread
+// starts costs a ramp-up of the hardware prefetchers and a cold first group (measured:
+// docs/tuning.md, "one contiguous row share per thread"). Where the activations come in
 // several blocks of kRowsM rows, each block passes over the chunk, so the chunk is also capped
 // to stay in L2 meanwhile (kChunkBytes of W).
 constexpr int64_t kChunkBytes = int64_t{512} << 10;
@@ -50,8 +48,7 @@ std::string type_label(uint32_t type) {
 int64_t matmul_row_bytes(uint32_t w_type, int64_t K) {
   // Every ISA's table starts from the scalar one, so the types taken are the same on each.
   const KernelTable& kt = kernels();
-  if (w_type >= GGML_TYPE_SLOTS || (kt.matmul_exact[w_type] == nullptr && kt.dequant_row[w_type] == nullptr))
-    return -1;
+  if (w_type >= GGML_TYPE_SLOTS || (kt.matmul_exact[w_type] == nullptr && kt.dequant_row[w_type] == nullptr)) return -1;
   const TypeTraits& tt = type_traits(w_type);
   if (K <= 0 || K % QK8_A != 0 || K % tt.block_elems != 0) return -1;
   return K / tt.block_elems * tt.block_bytes;
@@ -92,8 +89,8 @@ void matmul_fast_rows(const KernelTable& kt, MatmulFastFn fn, const WAt& w_at, i
 
 }  // namespace
 
-void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type, int64_t N,
-            float* y, MatmulMode mode, int n_threads) {
+void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type, int64_t N, float* y,
+            Precision precision, int n_threads) {
   const int64_t row_bytes = matmul_row_bytes(w_type, K);
   if (row_bytes < 0)
     throw std::invalid_argument("matmul: weight type id " + std::to_string(w_type) + type_label(w_type) +
@@ -105,9 +102,10 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
   if (n_threads < 1) n_threads = 1;
   const KernelTable& kt = kernels();
   const auto* wb = static_cast<const uint8_t*>(w);
-  if (mode == MatmulMode::fast && kt.matmul_fast[w_type] != nullptr) {
-    matmul_fast_rows(kt, kt.matmul_fast[w_type], [&](int64_t n0) { return wb + n0 * row_bytes; }, row_bytes, x, M, K,
-                     N, y, n_threads);
+  if (precision == Precision::fast && kt.matmul_fast[w_type] != nullptr) {
+    matmul_fast_rows(
+        kt, kt.matmul_fast[w_type], [&](int64_t n0) { return wb + n0 * row_bytes; }, row_bytes, x, M, K, N, y,
+        n_threads);
     return;
   }
 
@@ -159,9 +157,10 @@ void group_to_block(uint32_t type, const uint8_t* gb, int r, uint8_t* blk) {
 
 void check_packable(uint32_t w_type, int64_t N, int64_t K) {
   if (packed_bytes(w_type, N, K) < 0)
-    throw std::invalid_argument("the 16-row packed layout takes Q8_0, Q4_0 and Q4_1 weights with K a "
-                                "positive multiple of 32; got type id " + std::to_string(w_type) +
-                                ", K=" + std::to_string(K));
+    throw std::invalid_argument(
+        "the 16-row packed layout takes Q8_0, Q4_0 and Q4_1 weights with K a "
+        "positive multiple of 32; got type id " +
+        std::to_string(w_type) + ", K=" + std::to_string(K));
 }
 
 }  // namespace
@@ -172,8 +171,8 @@ void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed
   const int bb = packed_block_bytes(w_type);
   const int qo = packed_quants_offset(w_type);
   const TypeTraits& tt = type_traits(w_type);
-  const int q_in = tt.qs_offset;                        // quants' offset in a stored block
-  const int n_col = tt.qs_bytes / 4;                    // 4-byte quant columns per block
+  const int q_in = tt.qs_offset;                         // quants' offset in a stored block
+  const int n_col = tt.qs_bytes / 4;                     // 4-byte quant columns per block
   const uint32_t flip = tt.qs_signed ? 0x80808080u : 0;  // Q8_0: q + 128 as unsigned
   const int64_t n_groups = (N + kPackRows - 1) / kPackRows;
   auto* out = static_cast<uint8_t*>(packed);
@@ -189,7 +188,7 @@ void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed
         uint8_t* gb = group + ib * kPackRows * bb;
         const uint8_t* blk = row + ib * bb;
         if (real) {
-          std::memcpy(gb + 2 * r, blk + tt.d_offset, 2);                             // d
+          std::memcpy(gb + 2 * r, blk + tt.d_offset, 2);                                // d
           if (tt.has_min) std::memcpy(gb + kPackedMins + 2 * r, blk + tt.m_offset, 2);  // m
         }
         // Quant bytes 4c..4c+3 of row r go to column c at 4r (packed16.h), whole words.
@@ -216,8 +215,8 @@ void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w
   }
 }
 
-void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type,
-                   int64_t N, float* y, MatmulMode mode, int n_threads) {
+void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type, int64_t N, float* y,
+                   Precision precision, int n_threads) {
   check_packable(w_type, N, K);
   if (M < 0 || N < 0) throw std::invalid_argument("matmul: negative M or N");
   if (M == 0 || N == 0) return;
@@ -226,9 +225,10 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   const int64_t row_bytes = matmul_row_bytes(w_type, K);
   const int64_t group_bytes = kPackRows * row_bytes;
   const auto* wp = static_cast<const uint8_t*>(packed);
-  if (mode == MatmulMode::fast) {
-    matmul_fast_rows(kt, kt.matmul_fast_packed[w_type], [&](int64_t n0) { return wp + n0 / kPackRows * group_bytes; },
-                     row_bytes, x, M, K, N, y, n_threads);
+  if (precision == Precision::fast) {
+    matmul_fast_rows(
+        kt, kt.matmul_fast_packed[w_type], [&](int64_t n0) { return wp + n0 / kPackRows * group_bytes; }, row_bytes, x,
+        M, K, N, y, n_threads);
     return;
   }
   // Exact mode: unpack a group to blocks as stored, dequantize, multiply as float32 rows, as
@@ -237,7 +237,7 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   const MatmulExactFn f32 = kt.matmul_exact[GGML_F32];
   // Chunks are a multiple of kPackRows rows.
   parallel_for(n_threads, N, row_chunk(N, n_threads, M, row_bytes), [&](int64_t n0, int64_t n1, int) {
-    std::vector<uint8_t> raw(static_cast<size_t>(group_bytes));     // [16 rows, row_bytes]
+    std::vector<uint8_t> raw(static_cast<size_t>(group_bytes));   // [16 rows, row_bytes]
     std::vector<float> rows(static_cast<size_t>(kPackRows * K));  // [16, K]
     for (int64_t r0 = n0; r0 < n1; r0 += kPackRows) {
       const int64_t nr = n1 - r0 < kPackRows ? n1 - r0 : kPackRows;
@@ -248,23 +248,8 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   });
 }
 
-double int8_peak_rate(double min_seconds) {
-  const Int8PeakFn fn = kernels().int8_peak;
-  if (fn == nullptr) return 0.0;
-  int32_t sink = 0;
-  fn(1 << 16, &sink);  // warm up: clocks settle, the wide units power on
-  int64_t n_iter = 1 << 16;
-  for (;;) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const int64_t macs = fn(n_iter, &sink);
-    const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (sec >= min_seconds || n_iter > (int64_t{1} << 40)) return static_cast<double>(macs) / sec;
-    n_iter *= 2;
-  }
-}
-
-void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum,
-                          int8_t* h, int32_t* jo) {
+void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum, int8_t* h,
+                          int32_t* jo) {
   if (K <= 0 || K % QK8_A != 0)
     throw std::invalid_argument("quantize_activations: K must be a positive multiple of 32");
   const int64_t nb = K / QK8_A;

@@ -1,5 +1,5 @@
 // threadpool.cpp: the persistent worker pool behind pool_run / parallel_for.
-#include "threadpool.h"
+#include "runtime/threadpool.h"
 
 #include <pthread.h>
 
@@ -45,7 +45,9 @@ class Pool {
     generation_.store(job_ | static_cast<uint64_t>(n_threads), std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       // Taking the lock orders this notify after any worker's check-then-wait.
-      { std::lock_guard<std::mutex> lk(sleep_mutex_); }
+      {
+        std::lock_guard<std::mutex> lk(sleep_mutex_);
+      }
       sleep_cv_.notify_all();
     }
     in_job_ = true;
@@ -53,8 +55,10 @@ class Pool {
     in_job_ = false;
     // The other threads' work is about as long as ours: spin, then yield the core.
     for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
-      if (i < 4096) cpu_relax();
-      else std::this_thread::yield();
+      if (i < 4096)
+        cpu_relax();
+      else
+        std::this_thread::yield();
     }
   }
 
@@ -73,7 +77,9 @@ class Pool {
       return;
     }
     for (size_t i = want; i < workers_.size(); ++i) workers_[i]->stop.store(true);
-    { std::lock_guard<std::mutex> lk(sleep_mutex_); }
+    {
+      std::lock_guard<std::mutex> lk(sleep_mutex_);
+    }
     sleep_cv_.notify_all();
     for (size_t i = want; i < workers_.size(); ++i) workers_[i]->thread.join();
     workers_.resize(want);
@@ -123,9 +129,7 @@ class Pool {
     }
     std::unique_lock<std::mutex> lk(sleep_mutex_);
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
-    sleep_cv_.wait(lk, [&] {
-      return generation_.load(std::memory_order_seq_cst) != seen || self->stop.load();
-    });
+    sleep_cv_.wait(lk, [&] { return generation_.load(std::memory_order_seq_cst) != seen || self->stop.load(); });
     sleepers_.fetch_sub(1, std::memory_order_relaxed);
     const uint64_t g = generation_.load(std::memory_order_acquire);
     return g != seen ? g : seen;

@@ -7,7 +7,7 @@
 namespace pyinfer {
 
 struct BandwidthResult {
-  size_t n_bytes = 0;           // bytes read per pass (the whole array)
+  size_t n_bytes = 0;  // bytes read per pass (the whole array)
   int n_threads = 0;
   std::vector<double> seconds;  // one sample per pass, thread start-up excluded
   uint64_t checksum = 0;        // what one pass read (the same in every pass); see below

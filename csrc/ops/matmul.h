@@ -4,7 +4,7 @@
 
 namespace pyinfer {
 
-enum class MatmulMode {
+enum class Precision {
   exact,  // float32 activations, weights dequantized on the fly, float32 accumulation
   fast,   // activations quantized per 32-block to int8, integer dot products (Q8_0, Q4_0,
           // Q4_1 weights); for a type without int8 kernels (F32, F16, BF16, Q5_0, the
@@ -20,8 +20,8 @@ int64_t matmul_row_bytes(uint32_t w_type, int64_t K);
 // as stored); y: [M, N] float32, row-major, not overlapping x or w. Runs on n_threads
 // threads (the caller included), splitting the N rows; the result does not depend on
 // n_threads. Throws std::invalid_argument on a bad type or shape.
-void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type, int64_t N,
-            float* y, MatmulMode mode, int n_threads);
+void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type, int64_t N, float* y,
+            Precision precision, int n_threads);
 
 // The 16-row interleaved layout (kernels/packed16.h) of Q8_0, Q4_0 and Q4_1 weights: faster
 // fast-mode GEMV and GEMM, repacked once at load. packed_bytes is its size for N rows
@@ -31,18 +31,13 @@ int64_t packed_bytes(uint32_t w_type, int64_t N, int64_t K);
 void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed);
 void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w);
 // matmul with W in the packed layout; the result is the same as matmul's on the unpacked W.
-void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type,
-                   int64_t N, float* y, MatmulMode mode, int n_threads);
-
-// Multiply-adds per second of the active ISA's int8 dot-product instruction on the calling
-// thread (KernelTable::int8_peak), timed over about min_seconds: the compute ceiling of the
-// fast kernels. 0 when the ISA has no such instruction.
-double int8_peak_rate(double min_seconds);
+void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type, int64_t N, float* y,
+                   Precision precision, int n_threads);
 
 // Fast mode's activation quantization (q8_act.h) of x[M, K] (K a multiple of 32), unpacked:
 // q[M, K] int8, d[M, K/32] scales, sum[M, K/32] block sums, h[M, K/32] the split blocks'
 // high parts (0 where not split), jo[M, K/32] each block's largest element. For tests and study.
-void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum,
-                          int8_t* h, int32_t* jo);
+void quantize_activations(const float* x, int64_t M, int64_t K, int8_t* q, float* d, int32_t* sum, int8_t* h,
+                          int32_t* jo);
 
 }  // namespace pyinfer

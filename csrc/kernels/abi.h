@@ -1,22 +1,18 @@
-// dispatch.h: the per-ISA kernel table and the run-time choice of one.
+// abi.h: the kernels' interface: the signature of every kernel slot, the attention tile they
+// are handed, and the set of slots one ISA's files fill. Kernel files include this and the
+// other kernels/ headers only; which set is in use is the dispatcher's business
+// (runtime/dispatch.h).
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <string>
 
 #include "kernels/q8_act.h"
-#include "quant_blocks.h"
+#include "kernels/quant_blocks.h"
 
 namespace pyinfer {
 
-enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
-const char* isa_name(Isa isa);
-
 // Dequantize n elements (a multiple of the type's block size) from raw GGUF blocks to float32.
 using DequantRowFn = void (*)(const void* src, float* dst, int64_t n);
-// Read n_bytes (a multiple of 64, 64-byte aligned) and return a value that depends on every
-// byte, so the loads cannot be elided: the inner loop of the bandwidth probe.
-using ReadSumFn = uint64_t (*)(const void* src, size_t n_bytes);
 
 // ---- small ops and attention (kernels/ref/ops_ref.cpp, kernels/x86/ops_*.cpp) ----
 // out[n] = x[n] / sqrt(mean(x^2) + eps) * w[n]; out may be x.
@@ -24,11 +20,11 @@ using RmsNormFn = void (*)(const float* x, const float* w, float* out, int64_t n
 // In place, x[n_rows][row_stride] holding n_heads heads of head_dim (even, <= kRopeMaxDim)
 // each: row r rotated by the angles theta_i of its position, given as
 // cos_sin[r][head_dim] = (cos theta_0 .. cos theta_{half-1}, sin theta_0 .. sin theta_{half-1})
-// (rope_table in ops.h computes them once for every layer of a forward pass). Pairs are
+// (rope_table in ops/ops.h computes them once for every layer of a forward pass). Pairs are
 // (2i, 2i+1) (llama.cpp's normal mode, what llama-arch GGUFs expect) or, with neox,
 // (i, i + head_dim/2).
-using RopeFn = void (*)(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads,
-                        int64_t head_dim, const float* cos_sin, bool neox);
+using RopeFn = void (*)(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+                        const float* cos_sin, bool neox);
 // out[n] = silu(gate) * up; out may alias either input.
 using SwigluFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
 // out[n] = a + b; out may alias either input.
@@ -46,9 +42,9 @@ constexpr int64_t kKeyBlock = 16;
 // first(r) = max(0, last + r + 1 - window) when window > 0, else 0; each of its heads gets
 // out = softmax(scale * K q) V over them.
 struct AttnTile {
-  const float* q;      // query (row r, head h) at q + r * q_stride + h * head_dim
+  const float* q;  // query (row r, head h) at q + r * q_stride + h * head_dim
   int64_t q_stride;
-  float* out;          // the same layout, out_stride
+  float* out;  // the same layout, out_stride
   int64_t out_stride;
   int64_t n_rows, n_heads;
   int64_t last, window;
@@ -67,9 +63,7 @@ struct AttnTile {
 // share its tile, so any tiling gives the same bits.
 using AttnFn = void (*)(const AttnTile& tile);
 // Scores one query of a tile keeps: from the start of first's key block to the end of last's.
-inline int64_t attn_span(int64_t first, int64_t last) {
-  return (last / kKeyBlock - first / kKeyBlock + 1) * kKeyBlock;
-}
+inline int64_t attn_span(int64_t first, int64_t last) { return (last / kKeyBlock - first / kKeyBlock + 1) * kKeyBlock; }
 // First position row r of a tile sees.
 inline int64_t attn_first(const AttnTile& t, int64_t r) {
   return t.window > 0 && t.last + r + 1 > t.window ? t.last + r + 1 - t.window : 0;
@@ -81,23 +75,18 @@ enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_TYPE_SLOTS = 2 };
 // points at the first of n_rows weight rows of w_row_bytes each (blocks as stored in GGUF),
 // y at the output column of that row. K is a multiple of 32.
 // Exact mode: float32 activations x[M, K] (row stride K), float32 accumulation.
-using MatmulExactFn = void (*)(const void* w, int64_t w_row_bytes, const float* x, int64_t M,
-                               int64_t K, int64_t n_rows, float* y, int64_t ldy);
+using MatmulExactFn = void (*)(const void* w, int64_t w_row_bytes, const float* x, int64_t M, int64_t K, int64_t n_rows,
+                               float* y, int64_t ldy);
 // Fast mode: activations quantized to xq[M, K/32] (see q8_act.h), integer dot products.
-using MatmulFastFn = void (*)(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M,
-                              int64_t K, int64_t n_rows, float* y, int64_t ldy);
+using MatmulFastFn = void (*)(const void* w, int64_t w_row_bytes, const block_q8a* xq, int64_t M, int64_t K,
+                              int64_t n_rows, float* y, int64_t ldy);
 // Quantize k floats (a multiple of 32) to k/32 activation blocks.
 using QuantizeActFn = void (*)(const float* x, block_q8a* dst, int64_t k);
-// The int8 multiply-add instruction the fast kernels are built on, issued n_iter times on
-// each of 12 independent accumulators (so its latency is hidden): the rate a core can reach
-// at best. Returns the multiply-adds done; *sink receives a value of the result, so that
-// nothing is optimised away.
-using Int8PeakFn = int64_t (*)(int64_t n_iter, int32_t* sink);
 
-struct KernelTable {
-  Isa isa;
+// The slots of one ISA's kernels. Every ISA's set starts from the scalar one, then its files
+// fill the slots they implement (runtime/dispatch.cpp builds each set in that order).
+struct KernelSet {
   DequantRowFn dequant_row[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel
-  ReadSumFn read_sum;
   RmsNormFn rms_norm_f32;
   RopeFn rope_f32;
   SwigluFn swiglu_f32;
@@ -105,7 +94,7 @@ struct KernelTable {
   SoftmaxFn softmax_f32;
   F32ToF16Fn f32_to_f16;
   AttnFn attention[KV_TYPE_SLOTS];  // by KvType
-  // Matmul (matmul.cpp drives them). A type without an exact kernel is dequantized a few
+  // Matmul (ops/matmul.cpp drives them). A type without an exact kernel is dequantized a few
   // rows at a time and multiplied by matmul_exact[GGML_F32].
   MatmulExactFn matmul_exact[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel
   MatmulFastFn matmul_fast[GGML_TYPE_SLOTS];
@@ -113,29 +102,19 @@ struct KernelTable {
   // the group holding the first row; w_row_bytes is the row size as stored in GGUF.
   MatmulFastFn matmul_fast_packed[GGML_TYPE_SLOTS];
   QuantizeActFn quantize_act;
-  Int8PeakFn int8_peak;  // nullptr where the ISA has no int8 dot-product instruction (scalar)
 };
 
-// One table per compiled ISA; each is defined in that ISA's files.
-void fill_kernels_scalar(KernelTable& t);
-void fill_ops_scalar(KernelTable& t);  // the small ops and attention
-void fill_matmul_scalar(KernelTable& t);  // matmul and activation quantization
+// Each ISA's files fill their slots of a set; each function is defined in that ISA's files.
+void fill_dequant_scalar(KernelSet& t);  // dequantization
+void fill_ops_scalar(KernelSet& t);      // the small ops and attention
+void fill_matmul_scalar(KernelSet& t);   // matmul and activation quantization
 #if PYINFER_X86
-void fill_kernels_avx2(KernelTable& t);
-void fill_kernels_avx512(KernelTable& t);
-void fill_ops_avx2(KernelTable& t);
-void fill_ops_avx512(KernelTable& t);
-void fill_matmul_avx2(KernelTable& t);
-void fill_matmul_avx512(KernelTable& t);
+void fill_dequant_avx2(KernelSet& t);
+void fill_dequant_avx512(KernelSet& t);
+void fill_ops_avx2(KernelSet& t);
+void fill_ops_avx512(KernelSet& t);
+void fill_matmul_avx2(KernelSet& t);
+void fill_matmul_avx512(KernelSet& t);
 #endif
-
-// The table in use: the best the CPU supports, or PYINFER_ISA, or set_isa().
-const KernelTable& kernels();
-// Table of a given ISA; throws std::runtime_error if this CPU or build lacks it.
-const KernelTable& kernels_for(Isa isa);
-// Make isa the active path; throws std::runtime_error if this CPU or build lacks it.
-void set_isa(Isa isa);
-// Parse "scalar" | "avx2" | "avx512"; throws std::invalid_argument otherwise.
-Isa parse_isa(const std::string& name);
 
 }  // namespace pyinfer

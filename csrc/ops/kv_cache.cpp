@@ -1,0 +1,148 @@
+// kv_cache.cpp: the KV cache's storage, append and key read-out (portable code: compiled
+// with no ISA flags).
+#include "ops/kv_cache.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "runtime/dispatch.h"
+
+namespace pyinfer {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// Zeroed memory from calloc: large blocks come straight from the OS as untouched zero pages,
+// so a cache sized for a long context costs memory only as positions are written.
+uint8_t* zeroed(size_t n) {
+  void* p = std::calloc(n == 0 ? 1 : n, 1);
+  if (p == nullptr) throw std::bad_alloc();
+  return static_cast<uint8_t*>(p);
+}
+
+// Offset, in elements, of element d of position p's key in its (layer, head) region: in
+// block p / kKeyBlock, at (d, p % kKeyBlock) when the block is complete, or row-major at
+// (p % kKeyBlock, d) while it is the partial one.
+inline int64_t key_at(int64_t p, int64_t d, int64_t hd, bool row_major) {
+  const int64_t block = p / kKeyBlock * hd * kKeyBlock, r = p % kKeyBlock;
+  return block + (row_major ? r * hd + d : d * kKeyBlock + r);
+}
+
+// Moves the first n positions of one key block [kKeyBlock * hd] to the other layout.
+template <typename T>
+void relayout_keys(T* block, int64_t n, int64_t hd, bool to_row_major) {
+  const std::vector<T> was(block, block + hd * kKeyBlock);
+  if (!to_row_major) {
+    transpose_keys(was.data(), n, hd, block);
+    return;
+  }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t d = 0; d < hd; ++d) block[r * hd + d] = was[static_cast<size_t>(d * kKeyBlock + r)];
+}
+
+template <typename T>
+void put_key(T* region, int64_t p, const T* src, int64_t hd, bool row_major) {
+  T* at = region + key_at(p, 0, hd, row_major);
+  if (row_major) {
+    std::memcpy(at, src, static_cast<size_t>(hd) * sizeof(T));
+  } else {
+    for (int64_t d = 0; d < hd; ++d) at[d * kKeyBlock] = src[d];
+  }
+}
+
+}  // namespace
+
+void KVCache::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+
+KVCache::KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, KvType type)
+    : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim), n_ctx_(n_ctx), type_(type) {
+  if (n_layer < 1 || n_head_kv < 1 || head_dim < 1 || n_ctx < 1)
+    throw std::invalid_argument("KVCache needs n_layer, n_head_kv, head_dim and n_ctx >= 1; got " + str(n_layer) +
+                                ", " + str(n_head_kv) + ", " + str(head_dim) + ", " + str(n_ctx));
+  if (type != KV_F32 && type != KV_F16) throw std::invalid_argument("KVCache: unknown element type");
+  // Overflow guard for the size product: every factor is < 2^20 in any real model.
+  const double elems = static_cast<double>(n_layer) * n_head_kv * head_dim * n_ctx;
+  if (elems * elem_size() > 9.0e18) throw std::invalid_argument("KVCache: size overflows");
+  bytes_ = static_cast<size_t>(n_layer * n_head_kv * head_dim * n_ctx) * elem_size();
+  k_.reset(zeroed(static_cast<size_t>(n_layer * n_head_kv * n_blk() * kKeyBlock * head_dim) * elem_size()));
+  v_.reset(zeroed(bytes_));
+  n_pos_.assign(static_cast<size_t>(n_layer), 0);
+}
+
+void KVCache::check_layer(int64_t layer) const {
+  if (layer < 0 || layer >= n_layer_)
+    throw std::invalid_argument("layer " + str(layer) + " out of range [0, " + str(n_layer_) + ")");
+}
+
+int64_t KVCache::n_pos(int64_t layer) const {
+  check_layer(layer);
+  return n_pos_[static_cast<size_t>(layer)];
+}
+
+void KVCache::clear() { n_pos_.assign(n_pos_.size(), 0); }
+
+void KVCache::append(int64_t layer, const float* k, int64_t k_stride, const float* v, int64_t v_stride, int64_t pos,
+                     int64_t m) {
+  check_layer(layer);
+  const int64_t have = n_pos_[static_cast<size_t>(layer)];
+  if (m < 0) throw std::invalid_argument("append: negative number of positions");
+  if (pos < 0 || pos > have)
+    throw std::invalid_argument("append at position " + str(pos) + ": layer " + str(layer) + " holds " + str(have) +
+                                " positions, so pos must be in [0, " + str(have) + "]");
+  if (pos + m > n_ctx_)
+    throw std::invalid_argument("KV cache full: appending " + str(m) + " positions at " + str(pos) + " needs " +
+                                str(pos + m) + ", capacity is n_ctx=" + str(n_ctx_));
+  const F32ToF16Fn to_f16 = kernels().f32_to_f16;
+  const size_t row_bytes = static_cast<size_t>(head_dim_) * elem_size();
+  const int64_t end = pos + m, block_elems = head_dim_ * kKeyBlock;
+  // Blocks below `full` are complete after this append; block `full` (if it holds any
+  // positions) is the partial one, row-major. pos's block changes layout, with the positions
+  // before pos in it, when this append fills it or writes into it from inside a complete one.
+  const int64_t full = end / kKeyBlock, b = pos / kKeyBlock;
+  const bool was_rows = b >= have / kKeyBlock, now_rows = b >= full;
+  const bool move = pos % kKeyBlock != 0 && was_rows != now_rows;
+  std::vector<fp16_t> kh(type_ == KV_F16 ? static_cast<size_t>(head_dim_) : 0);
+  for (int64_t h = 0; h < n_head_kv_; ++h) {
+    uint8_t* kd = k_.get() + k_offset(layer, h);
+    uint8_t* vd = v_.get() + v_offset(layer, h);
+    if (move && type_ == KV_F16)
+      relayout_keys(reinterpret_cast<fp16_t*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
+    else if (move)
+      relayout_keys(reinterpret_cast<float*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
+    for (int64_t t = 0; t < m; ++t) {
+      const float* ks = k + t * k_stride + h * head_dim_;
+      const float* vs = v + t * v_stride + h * head_dim_;
+      const int64_t p = pos + t;
+      const bool rows = p / kKeyBlock >= full;
+      uint8_t* vr = vd + static_cast<size_t>(p) * row_bytes;
+      if (type_ == KV_F16) {
+        to_f16(ks, kh.data(), head_dim_);
+        put_key(reinterpret_cast<fp16_t*>(kd), p, kh.data(), head_dim_, rows);
+        to_f16(vs, reinterpret_cast<fp16_t*>(vr), head_dim_);
+      } else {
+        put_key(reinterpret_cast<float*>(kd), p, ks, head_dim_, rows);
+        std::memcpy(vr, vs, row_bytes);
+      }
+    }
+  }
+  n_pos_[static_cast<size_t>(layer)] = end;
+}
+
+void KVCache::copy_keys(int64_t layer, void* dst) const {
+  check_layer(layer);
+  const size_t es = elem_size();
+  const int64_t partial = n_pos_[static_cast<size_t>(layer)] / kKeyBlock;
+  for (int64_t h = 0; h < n_head_kv_; ++h) {
+    const uint8_t* kd = k_.get() + k_offset(layer, h);
+    uint8_t* out = static_cast<uint8_t*>(dst) + static_cast<size_t>(h * n_ctx_ * head_dim_) * es;
+    for (int64_t p = 0; p < n_ctx_; ++p)
+      for (int64_t d = 0; d < head_dim_; ++d)
+        std::memcpy(out + static_cast<size_t>(p * head_dim_ + d) * es,
+                    kd + static_cast<size_t>(key_at(p, d, head_dim_, p / kKeyBlock == partial)) * es, es);
+  }
+}
+
+}  // namespace pyinfer
