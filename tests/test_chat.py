@@ -4,7 +4,6 @@ sandbox (CVE-2024-34359) failing with SecurityError instead of running."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -15,12 +14,9 @@ from pyinfer import ChatTemplate, ChatTemplateError, Tokenizer
 from pyinfer.errors import ParameterTypeError
 from pyinfer.gguf import GGUFReader
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
-CHAT_CASES = [
-    c
-    for c in json.loads((REFERENCE / "gen_shared_llamacpp.json").read_text("utf-8"))["cases"]
-    if c["kind"] == "chat"
-]
+from _reference import load
+
+CHAT_CASES = [c for c in load("gen_llamacpp.json")["cases"] if c["kind"] == "chat"]
 USER = [{"role": "user", "content": "Hi"}]
 
 

@@ -3,9 +3,7 @@ chat prompts against llama.cpp's ids, streaming, stop conditions, seeds, threads
 
 from __future__ import annotations
 
-import json
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -13,9 +11,10 @@ from pyinfer.errors import ContextOverflowError
 from pyinfer.generate import CancelToken, context_pool
 from pyinfer.model import Model
 
-REF = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
-HF = json.loads((REF / "gen_shared_hf.json").read_text())["cases"]
-LLAMA = json.loads((REF / "gen_shared_llamacpp.json").read_text())["cases"]
+from _reference import load
+
+HF = load("gen_hf.json")["cases"]
+LLAMA = load("gen_llamacpp.json")["cases"]
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,8 @@
-"""The C++ forward pass against float32 transformers (../shared/reference), the NumPy
+"""The C++ forward pass against float32 transformers (tests/data/reference), the NumPy
 reference forward on a synthetic model, KV-cache consistency, and contexts."""
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
@@ -14,10 +13,12 @@ from pyinfer import reference
 from pyinfer.gguf import GGMLType, GGUFReader, GGUFWriter
 from pyinfer.model import Model
 
-REF = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
-HF = json.loads((REF / "gen_shared_hf.json").read_text())["cases"]
-LLAMA = json.loads((REF / "gen_shared_llamacpp.json").read_text())["cases"]
-HF_PPL = 54.925
+from _reference import load, text
+
+HF = load("gen_hf.json")["cases"]
+LLAMA = load("gen_llamacpp.json")["cases"]
+HF_PPL = load("ppl.json")["transformers"]["perplexity"]
+PPL_TEXT = text("ppl_text.txt")
 
 
 @pytest.fixture(scope="module")
@@ -42,12 +43,12 @@ def test_exact_first_step_logits_match_transformers(exact, i):
 
 
 def test_exact_perplexity_matches_transformers(exact):
-    ppl = exact.perplexity((REF / "ppl_text.txt").read_text(), window=512)
+    ppl = exact.perplexity(PPL_TEXT, window=512)
     assert abs(ppl / HF_PPL - 1) <= 5e-4, ppl
 
 
 def llama_cpp_error(i: int) -> float:
-    """How far llama.cpp's first-step logits are from transformers' on the shared top ids."""
+    """How far llama.cpp's first-step logits are from transformers' on the top ids both list."""
     lc, hf = LLAMA[i]["first_step"], HF[i]["first_step"]
     theirs = dict(zip(lc["top_ids"], lc["top_logits"]))
     return max(abs(theirs[t] - v) for t, v in zip(hf["top_ids"], hf["top_logits"]) if t in theirs)
@@ -55,16 +56,16 @@ def llama_cpp_error(i: int) -> float:
 
 def test_fast_first_step_logits_near_transformers(fast):
     # llama.cpp's 8-bit activations move these logits by 0.20 to 0.60 (its spread, per the
-    # reference README). Each prompt stays within that spread, and on average well inside
-    # llama.cpp's error: split activation blocks (q8_act.h) remove most of it.
+    # reference README). Each prompt stays within the largest of them, and on average well
+    # inside llama.cpp's error: split activation blocks (q8_act.h) remove most of it.
     ours = [first_step_error(fast, c) for c in HF]
     theirs = [llama_cpp_error(i) for i in range(len(HF))]
-    assert max(ours) <= 0.6, ours
+    assert max(ours) <= max(theirs), (ours, theirs)
     assert np.mean(ours) <= 0.75 * np.mean(theirs), (ours, theirs)
 
 
 def test_fast_perplexity_near_transformers(fast):
-    ppl = fast.perplexity((REF / "ppl_text.txt").read_text(), window=512)
+    ppl = fast.perplexity(PPL_TEXT, window=512)
     assert abs(ppl / HF_PPL - 1) <= 5e-3, ppl
 
 

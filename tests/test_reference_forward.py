@@ -1,5 +1,5 @@
 """The NumPy forward pass (pyinfer/reference.py) against transformers float32 on the default
-model: teacher-forced logits at the first generated position of every shared prompt.
+model: teacher-forced logits at the first generated position of every reference prompt.
 
 This pins what the kernels' tests cannot: RoPE's pairing (adjacent pairs for llama-arch GGUFs),
 the grouped-query head mapping, the norms and the tied output head.
@@ -7,16 +7,14 @@ the grouped-query head mapping, the norms and the tied output head.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from pyinfer import reference as R
 
-HF = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "gen_shared_hf.json"
-CASES = json.loads(HF.read_text())["cases"] if HF.is_file() else []
+from _reference import load
+
+CASES = load("gen_hf.json")["cases"]
 
 # transformers float32 against this float64 pass: about 3e-5 on every prompt when written;
 # reference/README.md asks a float32 path for 1e-3.
@@ -30,8 +28,11 @@ def model(default_model):
     return R.load_model(GGUFReader(default_model))
 
 
-def test_reference_file_present() -> None:
-    assert CASES, f"missing {HF}"
+def test_reference_prompts_are_llama_cpp_prompts() -> None:
+    """transformers ran on llama.cpp's prompt ids, so both files describe the same inputs."""
+    llama = load("gen_llamacpp.json")["cases"]
+    assert len(CASES) == len(llama) == 12
+    assert [c["prompt_ids"] for c in CASES] == [c["prompt_ids"] for c in llama]
 
 
 @pytest.mark.parametrize("i", range(len(CASES)))

@@ -3,7 +3,7 @@ trips, streaming decode at character boundaries, and the pre-tokenizer table."""
 
 from __future__ import annotations
 
-import json
+import sysconfig
 import unicodedata
 from pathlib import Path
 
@@ -16,9 +16,9 @@ from pyinfer import Tokenizer, _bpe
 from pyinfer.gguf import GGUFReader
 from pyinfer.tokenizer import PRE_TOKENIZERS, StreamDecoder
 
-# shared/ lies beside the repository (in CI as in a checkout)
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "tok_shared.json"
-CASES = json.loads(REFERENCE.read_text(encoding="utf-8"))["cases"]
+from _reference import load, text
+
+CASES = load("tok_llamacpp.json")["cases"]
 
 
 @pytest.fixture(scope="module")
@@ -69,11 +69,19 @@ def test_reference_texts_in_one_call(tok: Tokenizer):
 
 def test_generation_prompts_and_outputs(tok: Tokenizer):
     """llama.cpp's prompt ids for raw and chat prompts, and its generated text."""
-    gen = json.loads((REFERENCE.parent / "gen_shared_llamacpp.json").read_text(encoding="utf-8"))
+    gen = load("gen_llamacpp.json")
     assert len(gen["cases"]) == 12
     for c in gen["cases"]:
         assert tok.tokenize(c["prompt"], special=True) == c["prompt_ids"]
         assert tok.detokenize(c["greedy_ids"], special=False).decode() == c["greedy_text"]
+
+
+def test_perplexity_text_ids(tok: Tokenizer):
+    """The perplexity tests score this text; llama.cpp's ids of it are what its figures scored."""
+    ref = load("ppl.json")
+    ids = tok.tokenize(text("ppl_text.txt"))
+    assert len(ids) == ref["n_tokens"] > 2000
+    assert ids == ref["ids"]
 
 
 # ---- special tokens and ids
@@ -130,6 +138,44 @@ def test_tokenize_rejects_bytes(tok: Tokenizer):
 def test_round_trip_reference_texts(tok: Tokenizer, special: bool):
     for c in CASES:
         assert tok.detokenize(tok.tokenize(c["text"], special=special)) == c["text"].encode("utf-8")
+
+
+# ---- texts every Python install has: standard-library sources, read at test time. They change
+# between Python versions, so they are checked only against themselves (round trips, the word
+# cache, both merge paths, one call against many), never against stored ids.
+
+STDLIB_FILES = ["json/decoder.py", "textwrap.py", "string.py", "heapq.py"]
+
+
+@pytest.fixture(scope="module")
+def stdlib_texts() -> list[str]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts = [(root / name).read_text(encoding="utf-8") for name in STDLIB_FILES]
+    assert sum(map(len, texts)) > 20_000
+    return texts
+
+
+def test_stdlib_sources_round_trip_and_cache(tok: Tokenizer, stdlib_texts: list[str]):
+    tok.clear_cache()
+    cold = [tok.tokenize(t) for t in stdlib_texts]
+    warm = [tok.tokenize(t) for t in stdlib_texts]
+    assert cold == warm
+    for t, ids in zip(stdlib_texts, cold):
+        assert tok.detokenize(ids) == t.encode("utf-8")
+        assert tok.detokenize(tok.tokenize(t, special=True)) == t.encode("utf-8")
+        assert tok.decoder().feed(ids) == t
+        assert len(ids) < len(t) / 2  # code compresses: the merges did run
+
+
+def test_stdlib_sources_merge_paths_and_one_call(tok: Tokenizer, stdlib_texts: list[str]):
+    for t in stdlib_texts:
+        for word in tok._bpe.split(t):
+            assert tok._bpe.word_ids(word) == tok._bpe.word_ids(word, force_heap=True)
+    joined = tok.tokenize("<|im_end|>".join(stdlib_texts), special=True)
+    expected: list[int] = []
+    for j, t in enumerate(stdlib_texts):
+        expected += ([2] if j else []) + tok.tokenize(t, special=True)
+    assert joined == expected
 
 
 # Bytes with no token in SmolLM2's vocabulary: six C0 controls, and lead bytes of code
