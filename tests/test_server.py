@@ -157,6 +157,8 @@ def test_errors_are_openai_shaped(client, server):
         ({"logprobs": 99}, "logprobs"),
         ({"n": 2}, "n"),
         ({"stop": [""]}, "stop"),
+        ({"stop": [str(i) for i in range(17)]}, "stop"),
+        ({"stop": ["x" * 1025]}, "stop"),
         ({"extra_body": {"seed": "abc"}}, "seed"),
     ]:
         with pytest.raises(openai.BadRequestError) as ei:

@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pyinfer import openai_types
 from pyinfer.engine import Engine, RequestHandle
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, OverloadedError
-from pyinfer.request import Completion, CompletionChunk, Request
+from pyinfer.request import Completion, CompletionChunk, Request, stop_strings
 from pyinfer.sampling import SamplingParams
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
@@ -140,14 +140,12 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def _stop(body: Mapping[str, Any]) -> list[str]:
     v = body.get("stop")
-    if v is None:
-        return []
-    stops = [v] if isinstance(v, str) else v
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+    if v is not None and not isinstance(v, (str, list)):
         raise _bad("stop", "stop must be a string or a list of strings")
-    if any(not s for s in stops):
-        raise _bad("stop", "a stop string is empty")
-    return stops
+    try:
+        return stop_strings(v)
+    except ValueError as e:  # ParameterTypeError included
+        raise _bad("stop", str(e)) from None
 
 
 def _refuse(body: Mapping[str, Any], name: str, ok: Callable[[Any], bool], what: str) -> None:
