@@ -232,12 +232,12 @@ def test_concurrent_streams_equal_one_at_a_time(server):
     steps = after["pyinfer:scheduler_steps_total"] - before["pyinfer:scheduler_steps_total"]
     assert rows > 3 * steps
     assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] >= 10 * len(PROMPTS)
-    assert after["llamacpp:requests_processing"] == 0 and after["pyinfer:kv_cache_bytes_in_use"] == 0
+    assert after["llamacpp:requests_processing"] == 0 and after["pyinfer:context_bytes_in_use"] == 0
 
 
 def test_disconnect_mid_stream_frees_the_sequence(server):
     base = metrics(server)
-    assert base["pyinfer:kv_cache_bytes_in_use"] == 0
+    assert base["pyinfer:context_bytes_in_use"] == 0
     cancelled = 'pyinfer:requests_total{finish_reason="cancelled"}'
     body = {"model": "x", "messages": [{"role": "user", "content": "Tell me a long story."}],
             "max_tokens": 400, "temperature": 0, "stream": True}
@@ -252,18 +252,18 @@ def test_disconnect_mid_stream_frees_the_sequence(server):
             if len(events) >= 4:
                 break
         during = metrics(server)
-        assert during["llamacpp:requests_processing"] == 1 and during["pyinfer:kv_cache_bytes_in_use"] > 0
+        assert during["llamacpp:requests_processing"] == 1 and during["pyinfer:context_bytes_in_use"] > 0
     # The client has gone: the sequence ends and its reservation returns within a step.
     deadline = time.monotonic() + 10
     while True:
         m = metrics(server)
-        if m["pyinfer:kv_cache_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0:
+        if m["pyinfer:context_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0:
             break
         assert time.monotonic() < deadline, m
         time.sleep(0.05)
     assert m.get(cancelled, 0) == base.get(cancelled, 0) + 1
     assert m["llamacpp:tokens_predicted_total"] - base["llamacpp:tokens_predicted_total"] < 100
-    assert m["pyinfer:kv_cache_budget_bytes"] > 0 and m["pyinfer:batch_occupancy"] == 0
+    assert m["pyinfer:context_budget_bytes"] > 0 and m["pyinfer:batch_occupancy"] == 0
 
     # A client that gives up on a whole (not streamed) completion cancels it too.
     body["stream"] = False
@@ -277,7 +277,7 @@ def test_disconnect_mid_stream_frees_the_sequence(server):
             break
         assert time.monotonic() < deadline, m
         time.sleep(0.05)
-    assert m["pyinfer:kv_cache_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0
+    assert m["pyinfer:context_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0
 
 
 def test_overload_answers_503_and_the_server_keeps_serving(model):
@@ -286,7 +286,7 @@ def test_overload_answers_503_and_the_server_keeps_serving(model):
     from pyinfer.server import create_app
 
     with Engine(model) as probe:
-        one = probe.kv_bytes_for(256)
+        one = probe.context_bytes_for(256)
     engine = Engine(model, kv_budget_bytes=one + one // 2, max_queue=1)
     app = create_app(engine, model_name="m")
     with TestClient(app) as tc:

@@ -7,7 +7,7 @@ times). Errors have the OpenAI shape {"error": {"message", "type", "param", "cod
 for a bad parameter (param names it) or a prompt longer than the context (the message gives
 both counts), 401 for a missing or wrong API key, 413 for a body over the size limit, 503
 with Retry-After when the engine's queue is full. A client that disconnects from a stream
-cancels its sequence, which frees its KV memory within one scheduler step.
+cancels its sequence, which frees its context memory within one scheduler step.
 """
 
 from __future__ import annotations
@@ -234,13 +234,17 @@ class Metrics:
               registry=r).set_function(lambda: engine.stats().running)
         Gauge("llamacpp:requests_deferred", "Requests waiting for admission",
               registry=r).set_function(lambda: engine.stats().waiting)
-        Gauge("llamacpp:kv_cache_usage_ratio", "KV bytes reserved by running sequences / budget",
-              registry=r).set_function(lambda: engine.stats().kv_bytes_in_use / engine.kv_budget_bytes)
-        Gauge("pyinfer:kv_cache_bytes_in_use", "KV cache bytes reserved by running sequences",
-              registry=r).set_function(lambda: engine.stats().kv_bytes_in_use)
-        Gauge("pyinfer:kv_cache_bytes_idle", "KV cache bytes kept idle for reuse",
-              registry=r).set_function(lambda: engine.stats().kv_bytes_idle)
-        Gauge("pyinfer:kv_cache_budget_bytes", "KV cache budget", registry=r).set(engine.kv_budget_bytes)
+        # A context is counted whole: its KV cache and its forward-pass scratch, the memory
+        # the engine's budget bounds (the llama.cpp name is kept for the ratio).
+        Gauge("llamacpp:kv_cache_usage_ratio",
+              "Context bytes (KV cache + scratch) reserved by running sequences / budget",
+              registry=r).set_function(lambda: engine.stats().context_bytes_in_use / engine.kv_budget_bytes)
+        Gauge("pyinfer:context_bytes_in_use", "Context bytes (KV cache + scratch) reserved by running sequences",
+              registry=r).set_function(lambda: engine.stats().context_bytes_in_use)
+        Gauge("pyinfer:context_bytes_idle", "Context bytes (KV cache + scratch) kept idle for reuse",
+              registry=r).set_function(lambda: engine.stats().context_bytes_idle)
+        Gauge("pyinfer:context_budget_bytes", "Budget for running and idle contexts (KV cache + scratch)",
+              registry=r).set(engine.kv_budget_bytes)
         Gauge("pyinfer:batch_occupancy", "Sequences running / max_batch",
               registry=r).set_function(lambda: engine.stats().running / engine.max_batch)
         Gauge("pyinfer:batch_size", "Sequences in the last decode step",
