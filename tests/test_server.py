@@ -160,6 +160,7 @@ def test_errors_are_openai_shaped(client, server):
         ({"stop": [str(i) for i in range(17)]}, "stop"),
         ({"stop": ["x" * 1025]}, "stop"),
         ({"extra_body": {"seed": "abc"}}, "seed"),
+        ({"logit_bias": {"3": 1e308}}, "logit_bias"),
     ]:
         with pytest.raises(openai.BadRequestError) as ei:
             client.completions.create(model="x", prompt=PROMPT, **kwargs)

@@ -37,6 +37,11 @@ from pyinfer.errors import ParameterTypeError
 
 History = Union[Sequence[int], np.ndarray]
 
+# Biases are added to float32 logits: past float32's range (3.4e38) a bias would overflow
+# mid-request. 1e30 leaves room for the logit and the temperature's division, and forces or
+# suppresses a token as surely as anything larger.
+MAX_LOGIT_BIAS = 1e30
+
 # ---- parameters
 
 
@@ -67,8 +72,8 @@ class SamplingParams:
     off. repeat_penalty: > 0; 1 is off. presence_penalty, frequency_penalty: finite; 0 is
     off. repeat_last_n: how many of the latest tokens (prompt included) the penalties look
     at; 0 is off, -1 the whole history. logit_bias: token id -> value added to its logit
-    (finite, or -inf to ban it). seed: an int >= 0 makes the draws reproducible; None takes
-    a fresh random seed for each Sampler. logprobs: None, or how many most likely
+    (|bias| <= MAX_LOGIT_BIAS = 1e30, or -inf to ban it). seed: an int >= 0 makes the draws
+    reproducible; None takes a fresh random seed for each Sampler. logprobs: None, or how many most likely
     alternatives to report with each token's log-probability (0: the token's own only).
     """
 
@@ -129,6 +134,11 @@ class SamplingParams:
             if b == math.inf:
                 raise ValueError(
                     f"logit_bias[{tok}] is +inf: use a large finite value to force a token"
+                )
+            if b != -math.inf and abs(b) > MAX_LOGIT_BIAS:
+                raise ValueError(
+                    f"logit_bias[{tok}] = {b!r} is out of range: a bias must be within "
+                    f"+-{MAX_LOGIT_BIAS:g} (or -inf to ban the token)"
                 )
             bias[tok] = b
         put("logit_bias", MappingProxyType(bias))
