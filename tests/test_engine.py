@@ -165,6 +165,10 @@ def test_bad_requests_raise_at_submit(model):
             e.submit([1] * 600, max_tokens=4)
         with pytest.raises(ValueError, match="stop string is empty"):
             e.submit("hi", stop=[""])
+        with pytest.raises(ValueError, match=r"^top_k must be in \[0, 2147483647\]"):
+            e.submit("hi", top_k=2**70)
+        with pytest.raises(ValueError, match=r"^max_tokens must be in"):
+            e.submit("hi", max_tokens=2**70)
         assert e.stats().waiting == 0
     with pytest.raises(RuntimeError, match="closed"):
         e.submit("hi")

@@ -114,6 +114,9 @@ def test_abort_and_a_cancelled_token(tok: Tokenizer):
         ({"n_ctx": 8, "stop": ["x"] * (MAX_STOP_STRINGS + 1)}, ValueError),
         ({"n_ctx": 8, "stop": ["x" * (MAX_STOP_CHARS + 1)]}, ValueError),
         ({"n_ctx": 8, "stop": 5}, ParameterTypeError),
+        ({"n_ctx": 2**31}, ValueError),
+        ({"n_ctx": 8, "n_past": 2**40}, ValueError),
+        ({"n_ctx": 8, "max_tokens": 2**70}, ValueError),
         ({"n_ctx": 2}, ContextOverflowError),
         ({"n_ctx": 8, "n_past": 6}, ContextOverflowError),
     ],
@@ -214,3 +217,8 @@ def test_long_stop_strings_cost_little_per_piece():
     assert len(sc.held) == n - 1 and emit == "a"
     assert time.perf_counter() - t < 2.0  # ~0.05 s; rescanning takes minutes
     assert sc.feed("b") == ("", stops[-1])
+
+
+def test_max_tokens_out_of_range_names_the_field_and_the_range(tok: Tokenizer):
+    with pytest.raises(ValueError, match=rf"^max_tokens must be in \[0, 2147483647\].*, got {2**70}$"):
+        Request(tok, [1], n_ctx=8, max_tokens=2**70)

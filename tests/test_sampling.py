@@ -81,6 +81,28 @@ def test_out_of_range_parameters_raise_value_error(kw, match):
 
 
 @pytest.mark.parametrize(
+    "name, value, lo, hi",
+    [
+        ("top_k", 2**70, 0, 2**31 - 1),
+        ("top_k", 2**31, 0, 2**31 - 1),
+        ("repeat_last_n", 2**63, -1, 2**31 - 1),
+        ("repeat_last_n", -(2**70), -1, 2**31 - 1),
+        ("seed", 2**70, 0, 2**64 - 1),
+        ("logprobs", 2**40, 0, 2**31 - 1),
+    ],
+)
+def test_ints_out_of_range_name_the_parameter_the_value_and_the_range(name, value, lo, hi):
+    with pytest.raises(ValueError, match=rf"^{name} must be in \[{lo}, {hi}\].*, got {value}$"):
+        SamplingParams(**{name: value})
+    SamplingParams(**{name: hi})  # the bound itself is allowed
+
+
+def test_a_huge_logit_bias_id_is_refused():
+    with pytest.raises(ValueError, match=rf"logit_bias token id {2**40} is too large.*2147483647"):
+        SamplingParams(logit_bias={2**40: 1.0})
+
+
+@pytest.mark.parametrize(
     "kw",
     [
         {"temperature": "0.5"},

@@ -161,6 +161,11 @@ def test_errors_are_openai_shaped(client, server):
         ({"stop": ["x" * 1025]}, "stop"),
         ({"extra_body": {"seed": "abc"}}, "seed"),
         ({"logit_bias": {"3": 1e308}}, "logit_bias"),
+        ({"extra_body": {"top_k": 2**70}}, "top_k"),
+        ({"extra_body": {"repeat_last_n": 2**63}}, "repeat_last_n"),
+        ({"seed": 2**70}, "seed"),
+        ({"max_tokens": 2**70}, "max_tokens"),
+        ({"logit_bias": {str(2**70): 1.0}}, "logit_bias"),
     ]:
         with pytest.raises(openai.BadRequestError) as ei:
             client.completions.create(model="x", prompt=PROMPT, **kwargs)

@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 
 from pyinfer.errors import ContextOverflowError, ParameterTypeError
-from pyinfer.sampling import Sampler, SamplingParams, TokenLogprob
+from pyinfer.sampling import INT32_MAX, Sampler, SamplingParams, TokenLogprob
 from pyinfer.tokenizer import Tokenizer
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -204,11 +204,12 @@ def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
     return out
 
 
-def _count(name: str, value: object, minimum: int) -> int:
+def _count(name: str, value: object, minimum: int, what: str = "") -> int:
+    """A count in [minimum, INT32_MAX] (positions are 32-bit in the kernels)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ParameterTypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if not minimum <= value <= INT32_MAX:
+        raise ValueError(f"{name} must be in [{minimum}, {INT32_MAX}]{what}, got {value}")
     return int(value)
 
 
@@ -355,13 +356,7 @@ class Request:
         elif not isinstance(params, SamplingParams):
             raise ParameterTypeError(f"params must be SamplingParams, not {type(params).__name__}")
         if max_tokens is not None:
-            if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
-                raise ParameterTypeError(
-                    f"max_tokens must be an int or None, not {type(max_tokens).__name__}"
-                )
-            if max_tokens < 0:
-                raise ValueError(f"max_tokens must be >= 0 or None (no limit), got {max_tokens}")
-            max_tokens = int(max_tokens)
+            max_tokens = _count("max_tokens", max_tokens, 0, " or None (no limit)")
         if truncate not in (None, "left"):
             raise ValueError(f"truncate must be None or 'left', got {truncate!r}")
         if cancel is None:
