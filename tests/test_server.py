@@ -175,6 +175,13 @@ def test_errors_are_openai_shaped(client, server):
     auth = {"Authorization": f"Bearer {KEY}"}
     r = httpx.post(f"{server}/v1/completions", content=b"{not json", headers=auth)
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    for deep in (b"[" * 30000 + b"]" * 30000, b'{"a":' * 10000 + b"1" + b"}" * 10000):
+        r = httpx.post(f"{server}/v1/completions", content=deep, headers=auth)
+        assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+    for prompt in ("", [""]):
+        r = httpx.post(f"{server}/v1/completions", json={"prompt": prompt}, headers=auth)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.json()
+        assert "empty" in r.json()["error"]["message"]
     r = httpx.post(f"{server}/v1/completions", content=b"x" * 70000, headers=auth)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.get(f"{server}/v1/nothing", headers=auth)

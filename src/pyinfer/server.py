@@ -80,6 +80,8 @@ async def _json_body(request: HTTPRequest, limit: int) -> dict[str, Any]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise APIError(400, "the request body is not valid JSON: it is nested too deeply") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, not {type(data).__name__}")
     return data
@@ -175,6 +177,8 @@ def _prompt(body: Mapping[str, Any]) -> str | list[int]:
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]  # a batch of one
     if isinstance(p, str):
+        if not p:
+            raise _bad("prompt", "prompt is empty: at least one token is needed to predict the next")
         return p
     if isinstance(p, list) and p and all(_is_int(i) for i in p):
         return [int(i) for i in p]
@@ -340,7 +344,9 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             raise APIError(503, str(e), type="server_error", code="overloaded",
                            headers={"Retry-After": str(max(1, round(e.retry_after)))}) from None
         except (TypeError, ValueError) as e:
-            field = next((f for f in (*kwargs, "prompt") if str(e).startswith(f)), None)
+            field = next((f for f in kwargs if str(e).startswith(f)), None)
+            if field is None and "prompt" in str(e):  # the prompt's own checks (empty, ids out of range)
+                field = prompt_param
             raise APIError(400, str(e), param=field) from None
         except RuntimeError as e:  # closed
             raise APIError(503, str(e), type="server_error") from None
