@@ -196,6 +196,9 @@ def test_api_key_refused_and_accepted(server, client):
     assert httpx.get(f"{server}/metrics").status_code == 401
     assert httpx.post(f"{server}/tokenize", json={"content": "hi"}).status_code == 401
     assert httpx.get(f"{server}/health").json() == {"status": "ok"}  # open to orchestrators
+    for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):  # off with a key
+        assert httpx.get(f"{server}{path}").status_code in (401, 404), path
+        assert httpx.get(f"{server}{path}", headers={"Authorization": f"Bearer {KEY}"}).status_code == 404, path
     assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct.Q4_1"]
 
 
@@ -315,3 +318,14 @@ def test_overload_answers_503_and_the_server_keeps_serving(model):
         r = tc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert engine.closed  # the app's shutdown closed it
+
+
+def test_docs_are_served_only_without_an_api_key(model):
+    from starlette.testclient import TestClient
+
+    from pyinfer.server import create_app
+
+    for key, status in ((None, 200), ("k", 404)):
+        with Engine(model) as engine, TestClient(create_app(engine, model_name="m", api_key=key)) as tc:
+            for path in ("/docs", "/redoc", "/openapi.json"):
+                assert tc.get(path).status_code == status, (key, path)

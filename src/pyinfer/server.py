@@ -292,7 +292,8 @@ def _sse(obj: Any) -> str:
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The HTTP app over `engine` (which it closes on shutdown). api_key: when given, every
-    route but /health needs `Authorization: Bearer <api_key>`."""
+    route but /health needs `Authorization: Bearer <api_key>`, and the API's docs (/docs,
+    /redoc, /openapi.json) are not served."""
     model = engine.model
     tokenizer = model.tokenizer
     metrics = Metrics(engine)
@@ -313,7 +314,10 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         yield
         await run_in_threadpool(engine.close, 30)
 
-    app = FastAPI(title="pyinfer", dependencies=[Depends(check_key)], lifespan=lifespan)
+    # FastAPI serves /docs, /redoc and /openapi.json outside the routes' dependencies, so the
+    # key would not guard them: with a key they are off.
+    docs: dict[str, Any] = {} if expected is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="pyinfer", dependencies=[Depends(check_key)], lifespan=lifespan, **docs)
     app.state.engine = engine
     app.state.metrics = metrics
 
