@@ -17,7 +17,8 @@ import httpx
 import openai
 import pytest
 
-from pyinfer import Engine, Model
+from pyinfer import Engine, Model, openai_types
+from pyinfer.sampling import TokenLogprob
 
 KEY = "sk-test-0123456789"
 N_CTX = 512
@@ -125,6 +126,45 @@ def test_chat_whole_and_streamed(client, model):
     assert finishes[-1] == want.finish_reason and all(f is None for f in finishes[:-1])
     assert "timings" in chunks[-2].model_extra
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
+
+
+def test_chat_top_logprobs_as_openai_gives_them(client, server):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    for n in (0, 3):
+        r = client.chat.completions.create(model="x", messages=messages, max_tokens=4, temperature=0,
+                                           logprobs=True, top_logprobs=n)
+        content = r.choices[0].logprobs.content
+        assert content and all(len(t.top_logprobs) == n for t in content), n
+        assert all(bytes(t.bytes).decode("utf-8", errors="ignore") == t.token for t in content)
+        if n:  # greedy: the token is the most likely alternative
+            assert all(t.top_logprobs[0].logprob == t.logprob for t in content)
+    r = httpx.post(f"{server}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"messages": messages, "max_tokens": 2, "top_logprobs": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+    assert "logprobs" in r.json()["error"]["message"]
+
+
+class _Bytes:
+    """A tokenizer's detokenize over a fixed table: ids 4 and 5 are the two halves of one
+    character, which decode alike (to "")."""
+
+    table = {3: b"a", 4: b"\xc3", 5: b"\xa9", 6: b"b"}
+
+    def detokenize(self, ids, special=False):
+        return b"".join(self.table[i] for i in ids)
+
+
+def test_alternatives_that_decode_alike_are_kept_in_the_chat_shape_and_merged_in_the_legacy_one():
+    tok = _Bytes()
+    lps = [TokenLogprob(3, -0.1, ((3, -0.1), (4, -2.0), (5, -3.0), (6, -4.0))), TokenLogprob(5, -3.5, ())]
+    chat = openai_types.chat_token_logprobs(tok, [3, 5], lps)
+    first, second = chat["content"]
+    assert [(t["token"], t["bytes"], t["logprob"]) for t in first["top_logprobs"]] == [
+        ("a", [97], -0.1), ("", [0xC3], -2.0), ("", [0xA9], -3.0), ("b", [98], -4.0)]
+    assert second["top_logprobs"] == [] and second["bytes"] == [0xA9] and second["logprob"] == -3.5
+    legacy = openai_types.completion_logprobs(tok, [3, 5], lps, 0)
+    assert legacy["top_logprobs"][0] == {"a": -0.1, "": -2.0, "b": -4.0}  # the higher of the two
+    assert legacy["top_logprobs"][1] == {"": -3.5}  # logprobs=0: the sampled token's own
 
 
 def test_stop_strings(client):

@@ -373,6 +373,9 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     def logprobs_of(ids: Sequence[int], lps: Any, offset: int) -> openai_types.CompletionLogprobs:
         return openai_types.completion_logprobs(tokenizer, ids, list(lps or []), offset)
 
+    def chat_logprobs_of(ids: Sequence[int], lps: Any) -> openai_types.ChatLogprobs:
+        return openai_types.chat_token_logprobs(tokenizer, ids, list(lps or []))
+
     async def stream(handle: RequestHandle, events: Callable[[CompletionChunk], list[Any]],
                      final: Callable[[], list[Any]]) -> AsyncIterator[str]:
         try:
@@ -507,6 +510,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             max_tokens = _opt_int(body, "max_tokens", 0)
         want_lp = _opt_bool(body, "logprobs")
         top = _opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+        if top is not None and not want_lp:
+            raise _bad("top_logprobs", "top_logprobs needs logprobs=true")
         n_lp = (top or 0) if want_lp else None
         streamed = _opt_bool(body, "stream")
         include_usage = _include_usage(body)
@@ -522,7 +527,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
 
         if not streamed:
             c: Completion = await result(handle, request)
-            lp = openai_types.chat_logprobs(logprobs_of(c.token_ids, c.logprobs, 0)) if n_lp is not None else None
+            lp = chat_logprobs_of(c.token_ids, c.logprobs) if n_lp is not None else None
             out: openai_types.ChatCompletion = {
                 "id": cid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
@@ -543,7 +548,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                                                    None, None))
             lp = None
             if n_lp is not None and ch.token_ids:
-                lp = openai_types.chat_logprobs(logprobs_of(ch.token_ids, ch.logprobs, 0))
+                lp = chat_logprobs_of(ch.token_ids, ch.logprobs)
             n_out[0] += len(ch.token_ids)
             if ch.text:
                 evs.append(openai_types.chat_chunk(cid, model_name, created, {"content": ch.text}, lp, None))
