@@ -1,10 +1,12 @@
 """The serving engine: batched requests give the bits they give alone, cancellation frees
-their KV memory within a step, admission waits for memory and overload is refused."""
+their memory within a step, admission waits for memory (a context counted whole: KV cache and
+scratch) and overload is refused."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -52,7 +54,7 @@ def test_batched_requests_match_them_alone_bit_for_bit(model):
     # They did share steps: far fewer steps than tokens, and the long prompts took several chunks.
     tokens = sum(c.timings.sampled_tokens for c in together)
     assert st.steps < tokens / 2
-    assert st.requests_finished == len(PROMPTS) and st.kv_bytes_in_use == 0 and st.running == 0
+    assert st.requests_finished == len(PROMPTS) and st.context_bytes_in_use == 0 and st.running == 0
 
 
 def test_prompt_in_chunks_gives_the_same_logits_as_whole(model):
@@ -85,17 +87,17 @@ def test_sync_and_async_streams_give_the_chunks_of_the_result(model):
 
 def test_cancel_frees_the_kv_reservation_within_a_step(model):
     with Engine(model) as e:
-        assert e.stats().kv_bytes_in_use == 0
+        assert e.stats().context_bytes_in_use == 0
         h = e.submit(PROMPTS[1], max_tokens=400, temperature=0)
         next(h)
         st = e.stats()
-        assert st.running == 1 and st.kv_bytes_in_use == e.kv_bytes_for(h.n_ctx) > 0
+        assert st.running == 1 and st.context_bytes_in_use == e.context_bytes_for(h.n_ctx) > 0
         threading.Thread(target=h.cancel).start()  # from another thread
         steps_at_cancel = e.stats().steps
         rest = list(h)
         after = e.stats()
         assert rest[-1].finish_reason == "cancelled"
-        assert after.kv_bytes_in_use == 0 and after.running == 0
+        assert after.context_bytes_in_use == 0 and after.running == 0
         assert after.steps - steps_at_cancel <= 2
         assert h.result().finish_reason == "cancelled" and len(h.result().token_ids) < 400
 
@@ -107,12 +109,12 @@ def test_cancel_frees_the_kv_reservation_within_a_step(model):
             return await h2.aresult()
 
         c = asyncio.run(cancel_in_loop())
-        assert c.finish_reason == "cancelled" and e.stats().kv_bytes_in_use == 0
+        assert c.finish_reason == "cancelled" and e.stats().context_bytes_in_use == 0
 
 
 def test_admission_waits_for_memory_and_a_full_queue_is_refused(model):
     with Engine(model) as probe:
-        one = probe.kv_bytes_for(256)  # a short request's reservation
+        one = probe.context_bytes_for(256)  # a short request's reservation
     with Engine(model, kv_budget_bytes=one + one // 2, max_queue=1) as e:
         a = e.submit(PROMPTS[0], max_tokens=200, temperature=0)
         next(a)  # admitted and running
@@ -126,8 +128,31 @@ def test_admission_waits_for_memory_and_a_full_queue_is_refused(model):
         cb = b.result(60)  # b runs once a has given its memory back
         assert cb.finish_reason == "length" and len(cb.token_ids) == 5
         assert cb.timings.queue_s > 0
-        with pytest.raises(ValueError, match=r"KV cache of 512 tokens .* budget"):
+        with pytest.raises(ValueError, match=r"context of 512 tokens .* budget"):
             e.submit(PROMPTS[0], max_tokens=None)
+
+
+def test_a_reservation_counts_the_context_scratch_not_only_its_kv_cache(model):
+    probe = Engine(model)
+    need = probe.context_bytes_for(256)
+    probe.close()
+    kv = model.context(256, n_batch=256).kv_nbytes
+    assert need == model.context_nbytes(256, 256) > kv  # the scratch is counted
+    # Room for the KV caches of two short requests, not for two whole contexts.
+    with Engine(model, kv_budget_bytes=need + kv, max_queue=4) as e:
+        assert need + kv < 2 * need
+        a = e.submit(PROMPTS[0], max_tokens=200, temperature=0)
+        next(a)
+        b = e.submit(PROMPTS[3], max_tokens=5, temperature=0)
+        time.sleep(0.2)  # several scheduler steps: b stays queued
+        st = e.stats()
+        assert st.running == 1 and st.waiting == 1
+        assert st.context_bytes_in_use == need and st.context_budget_bytes == need + kv
+        a.cancel()
+        assert b.result(60).finish_reason == "length"
+        st = e.stats()
+        # b took over a's idle context; it stays idle now, counted whole.
+        assert st.context_bytes_in_use == 0 and st.context_bytes_idle == need
 
 
 def test_bad_requests_raise_at_submit(model):
@@ -140,6 +165,10 @@ def test_bad_requests_raise_at_submit(model):
             e.submit([1] * 600, max_tokens=4)
         with pytest.raises(ValueError, match="stop string is empty"):
             e.submit("hi", stop=[""])
+        with pytest.raises(ValueError, match=r"^top_k must be in \[0, 2147483647\]"):
+            e.submit("hi", top_k=2**70)
+        with pytest.raises(ValueError, match=r"^max_tokens must be in"):
+            e.submit("hi", max_tokens=2**70)
         assert e.stats().waiting == 0
     with pytest.raises(RuntimeError, match="closed"):
         e.submit("hi")

@@ -1,20 +1,24 @@
 """The Request on its own, stepped from outside with logits rows the test makes: what each
 step returns, finishing on length, a full sequence and cancellation, misuse after the end,
 and several requests stepped in turn (as a batching scheduler will) giving what each gives
-alone through generate()."""
+alone through generate(); stop strings bounded and scanned incrementally."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import time
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyinfer import CancelToken, ContextOverflowError, SamplingParams, Tokenizer
 from pyinfer.errors import ParameterTypeError
 from pyinfer.generate import generate
 from pyinfer.gguf import GGUFReader
-from pyinfer.request import Request, StepResult
+from pyinfer.request import MAX_STOP_CHARS, MAX_STOP_STRINGS, Request, StepResult, StopScanner, _scan
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -107,6 +111,12 @@ def test_abort_and_a_cancelled_token(tok: Tokenizer):
         ({"n_ctx": 8.0}, ParameterTypeError),
         ({"n_ctx": 8, "max_tokens": -1}, ValueError),
         ({"n_ctx": 8, "stop": [""]}, ValueError),
+        ({"n_ctx": 8, "stop": ["x"] * (MAX_STOP_STRINGS + 1)}, ValueError),
+        ({"n_ctx": 8, "stop": ["x" * (MAX_STOP_CHARS + 1)]}, ValueError),
+        ({"n_ctx": 8, "stop": 5}, ParameterTypeError),
+        ({"n_ctx": 2**31}, ValueError),
+        ({"n_ctx": 8, "n_past": 2**40}, ValueError),
+        ({"n_ctx": 8, "max_tokens": 2**70}, ValueError),
         ({"n_ctx": 2}, ContextOverflowError),
         ({"n_ctx": 8, "n_past": 6}, ContextOverflowError),
     ],
@@ -150,3 +160,65 @@ def test_requests_stepped_in_turn_match_each_alone(tok: Tokenizer):
             if s.chunk is not None:
                 got[r] += s.chunk.token_ids
     assert got == alone and all(len(g) == 10 - r for r, g in enumerate(got))
+
+
+def test_stop_strings_are_bounded_with_the_field_named(tok: Tokenizer):
+    with pytest.raises(ValueError, match=rf"^stop has 17 strings, more than the {MAX_STOP_STRINGS}"):
+        Request(tok, [1], n_ctx=8, stop=[str(i) for i in range(17)])
+    with pytest.raises(ValueError, match=rf"^stop: a stop string has 1025 characters.*{MAX_STOP_CHARS}"):
+        Request(tok, [1], n_ctx=8, stop=["a" * 1025])
+    ok = Request(tok, [1], n_ctx=8, stop=["a" * MAX_STOP_CHARS] * MAX_STOP_STRINGS)
+    assert len(ok.stops) == MAX_STOP_STRINGS
+
+
+def reference_stream(pieces: list[str], stops: list[str]) -> tuple[list[str], str | None]:
+    """What _scan gives over a stream, rescanning the held text at every piece."""
+    out, held = [], ""
+    for p in pieces:
+        emit, held, hit = _scan(held + p, stops)
+        out.append(emit)
+        if hit is not None:
+            return out, hit
+    emit, _, hit = _scan(held, stops, final=True)
+    return out + [emit], hit
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.text("abc", max_size=4), max_size=12),
+    st.lists(st.text("abc", min_size=1, max_size=5), min_size=1, max_size=4),
+)
+def test_stop_scanner_matches_the_rescanning_definition(pieces: list[str], stops: list[str]):
+    sc = StopScanner(stops)
+    out: list[str] = []
+    hit = None
+    for p in pieces:
+        emit, hit = sc.feed(p)
+        out.append(emit)
+        if hit is not None:
+            break
+    else:
+        emit, hit = sc.feed("", final=True)
+        out.append(emit)
+    assert (out, hit) == reference_stream(pieces, stops)
+
+
+def test_long_stop_strings_cost_little_per_piece():
+    # The stream keeps matching all but the last character of the last string, so 1023
+    # characters stay held; rescanning them against the other 15 strings, which never
+    # match, costs ~15 x 1023 comparisons per piece.
+    n = MAX_STOP_CHARS
+    stops = ["b" + "a" * (n - 1)] * (MAX_STOP_STRINGS - 1) + ["a" * (n - 1) + "b"]
+    sc = StopScanner(stops)
+    t = time.perf_counter()
+    for _ in range(3000):
+        emit, hit = sc.feed("a")
+        assert hit is None
+    assert len(sc.held) == n - 1 and emit == "a"
+    assert time.perf_counter() - t < 2.0  # ~0.05 s; rescanning takes minutes
+    assert sc.feed("b") == ("", stops[-1])
+
+
+def test_max_tokens_out_of_range_names_the_field_and_the_range(tok: Tokenizer):
+    with pytest.raises(ValueError, match=rf"^max_tokens must be in \[0, 2147483647\].*, got {2**70}$"):
+        Request(tok, [1], n_ctx=8, max_tokens=2**70)

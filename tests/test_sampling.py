@@ -68,6 +68,8 @@ def chi2_bound(df: int, z: float = 3.09) -> float:
         ({"logit_bias": {-1: 1.0}}, "negative"),
         ({"logit_bias": {3: math.inf}}, r"\+inf"),
         ({"logit_bias": {3: math.nan}}, "NaN"),
+        ({"logit_bias": {3: 1e308}}, r"^logit_bias\[3\] = 1e\+308 is out of range.*1e\+30"),
+        ({"logit_bias": {7: -1e31}}, r"^logit_bias\[7\] = -1e\+31 is out of range"),
         ({"seed": -1}, "seed"),
         ({"seed": 2**64}, "seed"),
         ({"logprobs": -1}, "logprobs"),
@@ -76,6 +78,28 @@ def chi2_bound(df: int, z: float = 3.09) -> float:
 def test_out_of_range_parameters_raise_value_error(kw, match):
     with pytest.raises(ValueError, match=match):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize(
+    "name, value, lo, hi",
+    [
+        ("top_k", 2**70, 0, 2**31 - 1),
+        ("top_k", 2**31, 0, 2**31 - 1),
+        ("repeat_last_n", 2**63, -1, 2**31 - 1),
+        ("repeat_last_n", -(2**70), -1, 2**31 - 1),
+        ("seed", 2**70, 0, 2**64 - 1),
+        ("logprobs", 2**40, 0, 2**31 - 1),
+    ],
+)
+def test_ints_out_of_range_name_the_parameter_the_value_and_the_range(name, value, lo, hi):
+    with pytest.raises(ValueError, match=rf"^{name} must be in \[{lo}, {hi}\].*, got {value}$"):
+        SamplingParams(**{name: value})
+    SamplingParams(**{name: hi})  # the bound itself is allowed
+
+
+def test_a_huge_logit_bias_id_is_refused():
+    with pytest.raises(ValueError, match=rf"logit_bias token id {2**40} is too large.*2147483647"):
+        SamplingParams(logit_bias={2**40: 1.0})
 
 
 @pytest.mark.parametrize(
@@ -309,6 +333,15 @@ def test_logit_bias_bans_and_promotes():
     assert ids.tolist() == [2] and probs.tolist() == [1.0]
     with pytest.raises(ValueError, match="banned"):
         sampler(3, logit_bias={0: -math.inf, 1: -math.inf, 2: -math.inf}).sample(x)
+
+
+@pytest.mark.parametrize("t", [0.0, 1e-30, 1.0, 100.0])
+def test_the_largest_bias_allowed_forces_or_suppresses_a_token_without_overflow(t):
+    row = np.linspace(-5, 5, 100).astype(np.float32)
+    force = Sampler(SamplingParams(temperature=t, top_k=0, top_p=1, min_p=0, logit_bias={3: 1e30}, seed=1), 100)
+    assert [force.sample(row) for _ in range(20)] == [3] * 20
+    sup = Sampler(SamplingParams(temperature=t, top_k=0, top_p=1, min_p=0, logit_bias={99: -1e30}, seed=1), 100)
+    assert 99 not in [sup.sample(row) for _ in range(50)]
 
 
 def test_a_banned_token_is_never_drawn_from_the_whole_vocabulary():

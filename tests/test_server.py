@@ -17,7 +17,8 @@ import httpx
 import openai
 import pytest
 
-from pyinfer import Engine, Model
+from pyinfer import Engine, Model, openai_types
+from pyinfer.sampling import TokenLogprob
 
 KEY = "sk-test-0123456789"
 N_CTX = 512
@@ -127,6 +128,45 @@ def test_chat_whole_and_streamed(client, model):
     assert chunks[-1].choices == [] and chunks[-1].usage.prompt_tokens == r.usage.prompt_tokens
 
 
+def test_chat_top_logprobs_as_openai_gives_them(client, server):
+    messages = [{"role": "user", "content": "Name a colour."}]
+    for n in (0, 3):
+        r = client.chat.completions.create(model="x", messages=messages, max_tokens=4, temperature=0,
+                                           logprobs=True, top_logprobs=n)
+        content = r.choices[0].logprobs.content
+        assert content and all(len(t.top_logprobs) == n for t in content), n
+        assert all(bytes(t.bytes).decode("utf-8", errors="ignore") == t.token for t in content)
+        if n:  # greedy: the token is the most likely alternative
+            assert all(t.top_logprobs[0].logprob == t.logprob for t in content)
+    r = httpx.post(f"{server}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"messages": messages, "max_tokens": 2, "top_logprobs": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+    assert "logprobs" in r.json()["error"]["message"]
+
+
+class _Bytes:
+    """A tokenizer's detokenize over a fixed table: ids 4 and 5 are the two halves of one
+    character, which decode alike (to "")."""
+
+    table = {3: b"a", 4: b"\xc3", 5: b"\xa9", 6: b"b"}
+
+    def detokenize(self, ids, special=False):
+        return b"".join(self.table[i] for i in ids)
+
+
+def test_alternatives_that_decode_alike_are_kept_in_the_chat_shape_and_merged_in_the_legacy_one():
+    tok = _Bytes()
+    lps = [TokenLogprob(3, -0.1, ((3, -0.1), (4, -2.0), (5, -3.0), (6, -4.0))), TokenLogprob(5, -3.5, ())]
+    chat = openai_types.chat_token_logprobs(tok, [3, 5], lps)
+    first, second = chat["content"]
+    assert [(t["token"], t["bytes"], t["logprob"]) for t in first["top_logprobs"]] == [
+        ("a", [97], -0.1), ("", [0xC3], -2.0), ("", [0xA9], -3.0), ("b", [98], -4.0)]
+    assert second["top_logprobs"] == [] and second["bytes"] == [0xA9] and second["logprob"] == -3.5
+    legacy = openai_types.completion_logprobs(tok, [3, 5], lps, 0)
+    assert legacy["top_logprobs"][0] == {"a": -0.1, "": -2.0, "b": -4.0}  # the higher of the two
+    assert legacy["top_logprobs"][1] == {"": -3.5}  # logprobs=0: the sampled token's own
+
+
 def test_stop_strings(client):
     full = client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     words = re.findall(r"[A-Za-z]{3,}", full)
@@ -157,7 +197,15 @@ def test_errors_are_openai_shaped(client, server):
         ({"logprobs": 99}, "logprobs"),
         ({"n": 2}, "n"),
         ({"stop": [""]}, "stop"),
+        ({"stop": [str(i) for i in range(17)]}, "stop"),
+        ({"stop": ["x" * 1025]}, "stop"),
         ({"extra_body": {"seed": "abc"}}, "seed"),
+        ({"logit_bias": {"3": 1e308}}, "logit_bias"),
+        ({"extra_body": {"top_k": 2**70}}, "top_k"),
+        ({"extra_body": {"repeat_last_n": 2**63}}, "repeat_last_n"),
+        ({"seed": 2**70}, "seed"),
+        ({"max_tokens": 2**70}, "max_tokens"),
+        ({"logit_bias": {str(2**70): 1.0}}, "logit_bias"),
     ]:
         with pytest.raises(openai.BadRequestError) as ei:
             client.completions.create(model="x", prompt=PROMPT, **kwargs)
@@ -167,6 +215,13 @@ def test_errors_are_openai_shaped(client, server):
     auth = {"Authorization": f"Bearer {KEY}"}
     r = httpx.post(f"{server}/v1/completions", content=b"{not json", headers=auth)
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    for deep in (b"[" * 30000 + b"]" * 30000, b'{"a":' * 10000 + b"1" + b"}" * 10000):
+        r = httpx.post(f"{server}/v1/completions", content=deep, headers=auth)
+        assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+    for prompt in ("", [""]):
+        r = httpx.post(f"{server}/v1/completions", json={"prompt": prompt}, headers=auth)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.json()
+        assert "empty" in r.json()["error"]["message"]
     r = httpx.post(f"{server}/v1/completions", content=b"x" * 70000, headers=auth)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.get(f"{server}/v1/nothing", headers=auth)
@@ -181,6 +236,9 @@ def test_api_key_refused_and_accepted(server, client):
     assert httpx.get(f"{server}/metrics").status_code == 401
     assert httpx.post(f"{server}/tokenize", json={"content": "hi"}).status_code == 401
     assert httpx.get(f"{server}/health").json() == {"status": "ok"}  # open to orchestrators
+    for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):  # off with a key
+        assert httpx.get(f"{server}{path}").status_code in (401, 404), path
+        assert httpx.get(f"{server}{path}", headers={"Authorization": f"Bearer {KEY}"}).status_code == 404, path
     assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct.Q4_1"]
 
 
@@ -230,12 +288,12 @@ def test_concurrent_streams_equal_one_at_a_time(server):
     steps = after["pyinfer:scheduler_steps_total"] - before["pyinfer:scheduler_steps_total"]
     assert rows > 3 * steps
     assert after["llamacpp:tokens_predicted_total"] - before["llamacpp:tokens_predicted_total"] >= 10 * len(PROMPTS)
-    assert after["llamacpp:requests_processing"] == 0 and after["pyinfer:kv_cache_bytes_in_use"] == 0
+    assert after["llamacpp:requests_processing"] == 0 and after["pyinfer:context_bytes_in_use"] == 0
 
 
 def test_disconnect_mid_stream_frees_the_sequence(server):
     base = metrics(server)
-    assert base["pyinfer:kv_cache_bytes_in_use"] == 0
+    assert base["pyinfer:context_bytes_in_use"] == 0
     cancelled = 'pyinfer:requests_total{finish_reason="cancelled"}'
     body = {"model": "x", "messages": [{"role": "user", "content": "Tell me a long story."}],
             "max_tokens": 400, "temperature": 0, "stream": True}
@@ -250,18 +308,18 @@ def test_disconnect_mid_stream_frees_the_sequence(server):
             if len(events) >= 4:
                 break
         during = metrics(server)
-        assert during["llamacpp:requests_processing"] == 1 and during["pyinfer:kv_cache_bytes_in_use"] > 0
+        assert during["llamacpp:requests_processing"] == 1 and during["pyinfer:context_bytes_in_use"] > 0
     # The client has gone: the sequence ends and its reservation returns within a step.
     deadline = time.monotonic() + 10
     while True:
         m = metrics(server)
-        if m["pyinfer:kv_cache_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0:
+        if m["pyinfer:context_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0:
             break
         assert time.monotonic() < deadline, m
         time.sleep(0.05)
     assert m.get(cancelled, 0) == base.get(cancelled, 0) + 1
     assert m["llamacpp:tokens_predicted_total"] - base["llamacpp:tokens_predicted_total"] < 100
-    assert m["pyinfer:kv_cache_budget_bytes"] > 0 and m["pyinfer:batch_occupancy"] == 0
+    assert m["pyinfer:context_budget_bytes"] > 0 and m["pyinfer:batch_occupancy"] == 0
 
     # A client that gives up on a whole (not streamed) completion cancels it too.
     body["stream"] = False
@@ -275,7 +333,7 @@ def test_disconnect_mid_stream_frees_the_sequence(server):
             break
         assert time.monotonic() < deadline, m
         time.sleep(0.05)
-    assert m["pyinfer:kv_cache_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0
+    assert m["pyinfer:context_bytes_in_use"] == 0 and m["llamacpp:requests_processing"] == 0
 
 
 def test_overload_answers_503_and_the_server_keeps_serving(model):
@@ -284,7 +342,7 @@ def test_overload_answers_503_and_the_server_keeps_serving(model):
     from pyinfer.server import create_app
 
     with Engine(model) as probe:
-        one = probe.kv_bytes_for(256)
+        one = probe.context_bytes_for(256)
     engine = Engine(model, kv_budget_bytes=one + one // 2, max_queue=1)
     app = create_app(engine, model_name="m")
     with TestClient(app) as tc:
@@ -300,3 +358,14 @@ def test_overload_answers_503_and_the_server_keeps_serving(model):
         r = tc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert engine.closed  # the app's shutdown closed it
+
+
+def test_docs_are_served_only_without_an_api_key(model):
+    from starlette.testclient import TestClient
+
+    from pyinfer.server import create_app
+
+    for key, status in ((None, 200), ("k", 404)):
+        with Engine(model) as engine, TestClient(create_app(engine, model_name="m", api_key=key)) as tc:
+            for path in ("/docs", "/redoc", "/openapi.json"):
+                assert tc.get(path).status_code == status, (key, path)

@@ -251,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--token-budget", type=int, default=256,
                     help="largest prompt chunk per scheduler step (default: %(default)s)")
     sv.add_argument("--kv-budget-mib", type=float, default=None,
-                    help="memory for KV caches in MiB (default: half the memory available)")
+                    help="memory for the sequences' contexts (KV cache + scratch) in MiB "
+                         "(default: half the memory available)")
     sv.add_argument("--max-queue", type=int, default=64,
                     help="requests waiting for admission before 503 (default: %(default)s)")
     sv.add_argument("--max-body-bytes", type=int, default=4 << 20, help="request body limit (default: %(default)s)")

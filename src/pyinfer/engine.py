@@ -11,7 +11,7 @@ one batched forward pass, and interleaving prompt chunks of the newcomers.
 
 One step of the scheduler:
 
-1. sequences whose handle was cancelled end at once and give back their KV reservation;
+1. sequences whose handle was cancelled end at once and give back their context reservation;
 2. waiting requests are admitted in arrival order while their reservation fits the KV budget
    and fewer than max_batch sequences run (strict FIFO: a large request is not overtaken
    forever by small ones);
@@ -27,12 +27,14 @@ request's tokens and log-probabilities do not depend on what runs beside it (the
 request through Model.generate gives the same result). The exact path does not promise this
 for batched rows.
 
-Admission: a sequence reserves a KV cache for its prompt + max_tokens (max_tokens=None: the
+Admission: a sequence reserves a context for its prompt + max_tokens (max_tokens=None: the
 whole context), rounded up to `ctx_granularity` tokens and capped at the model's n_ctx, in a
-context of exactly that size. Finished sequences' contexts stay idle in a pool for reuse and
-count against the budget; they are freed, oldest first, when a new reservation needs their
-room. A request that waits is queued (at most max_queue of them); past that, submit raises
-OverloadedError. A request larger than the whole budget raises ValueError at once.
+context of exactly that size. What it reserves is the context's whole allocation,
+`Model.context_nbytes`: its KV cache and its forward-pass scratch (n_batch = token_budget
+rows, which for a short context weighs more than the cache). Finished sequences' contexts
+stay idle in a pool for reuse and count against the budget; they are freed, oldest first,
+when a new reservation needs their room. A request that waits is queued (at most max_queue
+of them); past that, submit raises OverloadedError. A request larger than the whole budget raises ValueError at once.
 
 Not here yet: reuse of a shared prompt prefix's KV cache, and prefill rows mixed into the
 decode step's forward pass (a prefill chunk is its own forward pass).
@@ -90,8 +92,9 @@ def _positive(name: str, value: object) -> int:
 class EngineStats:
     """A snapshot of the engine. running: sequences admitted (prefilling or decoding);
     waiting: requests queued for admission; batch_size: sequences in the last decode step;
-    kv_bytes_in_use: KV caches reserved by running sequences; kv_bytes_idle: caches kept
-    for reuse (freed when a reservation needs their room); steps: scheduler steps run;
+    context_bytes_in_use: the contexts (KV cache + forward-pass scratch) reserved by running
+    sequences; context_bytes_idle: contexts kept for reuse (freed when a reservation needs
+    their room); context_budget_bytes: the bound on both together; steps: scheduler steps run;
     decode_rows: sequence rows the decode steps evaluated (their mean batch, over the decode
     steps); the other counters cover every request finished so far."""
 
@@ -99,9 +102,9 @@ class EngineStats:
     waiting: int
     max_batch: int
     batch_size: int
-    kv_bytes_in_use: int
-    kv_bytes_idle: int
-    kv_budget_bytes: int
+    context_bytes_in_use: int
+    context_bytes_idle: int
+    context_budget_bytes: int
     steps: int
     decode_rows: int
     requests_finished: int
@@ -161,7 +164,7 @@ class RequestHandle:
     which has a finish_reason and timings; `result()` / `await aresult()` give the whole
     Completion (whatever chunks were not read yet included). `cancel()` may be called from
     any thread or event loop: the sequence ends within one scheduler step ("cancelled") and
-    its KV reservation is freed. Errors the engine meets while running it (it is closing, a
+    its context reservation is freed. Errors the engine meets while running it (it is closing, a
     failure in the model) are raised from the iteration."""
 
     def __init__(self, engine: Engine, request: Request, n_ctx: int, submitted: float) -> None:
@@ -240,8 +243,9 @@ class Engine:
     """Many requests on one model: a scheduler thread batching their decode steps.
 
     max_batch: sequences running at once (prefilling or decoding). token_budget: the
-    largest prompt chunk evaluated in one step. kv_budget_bytes: memory for KV caches, those
-    reserved by running sequences and those kept idle for reuse (None: half the memory
+    largest prompt chunk evaluated in one step. kv_budget_bytes: memory for the sequences'
+    contexts, each counted whole (KV cache and forward-pass scratch, Model.context_nbytes),
+    those reserved by running sequences and those kept idle for reuse (None: half the memory
     available now). max_queue: requests that may wait for admission before submit raises
     OverloadedError. ctx_granularity: a reservation is rounded up to this many tokens, so
     that freed caches fit later requests. on_finish: called on the scheduler thread with
@@ -273,17 +277,12 @@ class Engine:
         self.kv_budget_bytes = _positive("kv_budget_bytes", kv_budget_bytes)
         self.on_finish = on_finish
 
-        # KV bytes are linear in n_ctx: measure the slope and offset once on two small caches.
-        a, b = (model.context(n, n_batch=1).kv_nbytes for n in (16, 32))
-        self._kv_per_token = (b - a) / 16
-        self._kv_base = a - self._kv_per_token * 16
-
         self._cond = threading.Condition(threading.Lock())
         self._waiting: deque[RequestHandle] = deque()
         self._running: list[_Seq] = []
         self._idle: OrderedDict[int, list[Context]] = OrderedDict()  # n_ctx -> contexts, LRU first
-        self._kv_in_use = 0
-        self._kv_idle = 0
+        self._bytes_in_use = 0  # contexts of running sequences, as context_bytes_for counts them
+        self._bytes_idle = 0
         self._closed = False
         self._batch_size = 0
         self._steps = 0
@@ -296,9 +295,13 @@ class Engine:
 
     # -- submitting
 
-    def kv_bytes_for(self, n_ctx: int) -> int:
-        """The bytes of a KV cache of n_ctx tokens."""
-        return round(self._kv_base + self._kv_per_token * n_ctx)
+    def context_bytes_for(self, n_ctx: int) -> int:
+        """The bytes a sequence's context of n_ctx tokens allocates: its KV cache and the
+        scratch of its forward pass (n_batch = token_budget rows, capped at n_ctx)."""
+        return int(self.model.context_nbytes(n_ctx, min(self.token_budget, n_ctx)))
+
+    def _ctx_bytes(self, ctx: Context) -> int:
+        return self.context_bytes_for(ctx.n_ctx)
 
     def submit(
         self,
@@ -318,7 +321,7 @@ class Engine:
         logprobs among them). started: when the request arrived (time.perf_counter()), so
         that its timings count what came before this call. Raises, before anything is
         queued: what Model.generate raises for bad arguments (ValueError, TypeError,
-        ContextOverflowError), ValueError when the request alone needs more KV memory than
+        ContextOverflowError), ValueError when the request's context alone (KV cache and scratch) needs more than
         the budget, OverloadedError when max_queue requests already wait, RuntimeError when
         the engine is closed.
         """
@@ -362,11 +365,12 @@ class Engine:
             started=t0,
             tokenize_s=perf_counter() - t0,
         )
-        need = self.kv_bytes_for(n_ctx)
+        need = self.context_bytes_for(n_ctx)
         if need > self.kv_budget_bytes:
             raise ValueError(
-                f"the request needs a KV cache of {n_ctx} tokens ({need} bytes), more than the "
-                f"engine's KV budget of {self.kv_budget_bytes} bytes: lower max_tokens"
+                f"the request needs a context of {n_ctx} tokens ({need} bytes of KV cache and "
+                f"scratch), more than the engine's budget of {self.kv_budget_bytes} bytes: "
+                "lower max_tokens"
             )
         handle = RequestHandle(self, req, n_ctx, perf_counter())
         with self._cond:
@@ -398,9 +402,9 @@ class Engine:
                 waiting=len(self._waiting),
                 max_batch=self.max_batch,
                 batch_size=self._batch_size,
-                kv_bytes_in_use=self._kv_in_use,
-                kv_bytes_idle=self._kv_idle,
-                kv_budget_bytes=self.kv_budget_bytes,
+                context_bytes_in_use=self._bytes_in_use,
+                context_bytes_idle=self._bytes_idle,
+                context_budget_bytes=self.kv_budget_bytes,
                 steps=self._steps,
                 decode_rows=self._decode_rows,
                 requests_finished=self._finished,
@@ -475,16 +479,16 @@ class Engine:
                 if not self._waiting or len(self._running) >= self.max_batch:
                     return
                 h = self._waiting[0]
-                need = self.kv_bytes_for(h.n_ctx)
+                need = self.context_bytes_for(h.n_ctx)
                 reuse = bool(self._idle.get(h.n_ctx))
                 if not reuse:
-                    # Free idle caches, oldest first, until the new one fits beside the rest.
-                    while self._idle and self._kv_in_use + self._kv_idle + need > self.kv_budget_bytes:
+                    # Free idle contexts, oldest first, until the new one fits beside the rest.
+                    while self._idle and self._bytes_in_use + self._bytes_idle + need > self.kv_budget_bytes:
                         n, ctxs = next(iter(self._idle.items()))
-                        self._kv_idle -= ctxs.pop(0).kv_nbytes
+                        self._bytes_idle -= self._ctx_bytes(ctxs.pop(0))
                         if not ctxs:
                             del self._idle[n]
-                    if self._kv_in_use + self._kv_idle + need > self.kv_budget_bytes:
+                    if self._bytes_in_use + self._bytes_idle + need > self.kv_budget_bytes:
                         return  # it waits for a running sequence to finish
                 self._waiting.popleft()
                 ctx = None
@@ -493,21 +497,19 @@ class Engine:
                     self._idle.move_to_end(h.n_ctx)
                     if not self._idle[h.n_ctx]:
                         del self._idle[h.n_ctx]
-                    self._kv_idle -= ctx.kv_nbytes
-                    need = ctx.kv_nbytes
-                self._kv_in_use += need
+                    self._bytes_idle -= need
+                self._bytes_in_use += need
             if ctx is None:
                 try:
                     ctx = self.model.context(h.n_ctx, n_batch=min(self.token_budget, h.n_ctx))
                 except BaseException as e:
                     with self._cond:
-                        self._kv_in_use -= need
+                        self._bytes_in_use -= need
                     h._channel.put(e)
                     continue
             # The wait for admission is queueing too.
             h.request.timings.queue_s += perf_counter() - h.submitted
             with self._cond:
-                self._kv_in_use += ctx.kv_nbytes - need  # the estimate, made exact
                 self._running.append(_Seq(h, ctx))
 
     def _decode(self, seqs: list[_Seq]) -> None:
@@ -569,15 +571,15 @@ class Engine:
     def _end(self, s: _Seq, chunk: CompletionChunk | None, *, error: BaseException | None = None) -> None:
         """Take s out of the batch, give its cache back to the pool and send its last chunk
         (or the error)."""
-        nbytes = s.ctx.kv_nbytes
+        nbytes = self._ctx_bytes(s.ctx)
         with self._cond:
             self._running.remove(s)
-            self._kv_in_use -= nbytes
+            self._bytes_in_use -= nbytes
             if error is None:
                 s.ctx.reset()
                 self._idle.setdefault(s.handle.n_ctx, []).append(s.ctx)
                 self._idle.move_to_end(s.handle.n_ctx)
-                self._kv_idle += nbytes
+                self._bytes_idle += nbytes
         if error is not None:
             s.handle._channel.put(error)
         else:
@@ -594,13 +596,13 @@ class Engine:
             self._end(s, s.req.abort().chunk)
         with self._cond:
             self._idle.clear()
-            self._kv_idle = 0
+            self._bytes_idle = 0
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:
             handles = list(self._waiting) + [s.handle for s in self._running]
             self._waiting.clear()
             self._running.clear()
-            self._kv_in_use = 0
+            self._bytes_in_use = 0
         for h in handles:
             h._channel.put(error)

@@ -209,11 +209,14 @@ def completion_logprobs(
             top.append(None)
             continue
         token_lps.append(lp.logprob)
-        alts = {
-            tokenizer.detokenize([i], special=False).decode("utf-8", errors="ignore"): v
-            for i, v in lp.top
-        }
-        alts[text] = lp.logprob
+        # This shape keys the alternatives by their text, so tokens that decode alike (two
+        # halves of a character both give "") share one key: it keeps the higher logprob, the
+        # sampled token's own included (the chat shape, a list, keeps every alternative).
+        alts: dict[str, float] = {}
+        for i, v in (*lp.top, (tok, lp.logprob)):
+            t = tokenizer.detokenize([i], special=False).decode("utf-8", errors="ignore")
+            if t not in alts or v > alts[t]:
+                alts[t] = v
         top.append(alts)
     return {
         "tokens": tokens,
@@ -223,8 +226,29 @@ def completion_logprobs(
     }
 
 
+def chat_token_logprobs(
+    tokenizer: Tokenizer, ids: Sequence[int], lps: Sequence[TokenLogprob]
+) -> ChatLogprobs:
+    """The chat shape built from the tokens themselves, as the OpenAI API gives it: per token
+    its text, bytes and logprob, and top_logprobs the n most likely alternatives, every one
+    of them (tokens that decode to the same text included), so an empty list for n = 0."""
+
+    def entry(i: int, v: float) -> TopLogprob:
+        piece = tokenizer.detokenize([i], special=False)
+        return {"token": piece.decode("utf-8", errors="ignore"), "logprob": v, "bytes": list(piece)}
+
+    content: list[ChatTokenLogprob] = []
+    for tok, lp in zip(ids, lps):
+        e = entry(tok, lp.logprob)
+        content.append({"token": e["token"], "bytes": e["bytes"], "logprob": lp.logprob,
+                        "top_logprobs": [entry(i, v) for i, v in lp.top]})
+    return {"content": content, "refusal": None}
+
+
 def chat_logprobs(lp: CompletionLogprobs | None) -> ChatLogprobs | None:
-    """Completion logprobs in the chat shape ({"content": [...], "refusal": None})."""
+    """Completion logprobs in the chat shape ({"content": [...], "refusal": None}), as
+    llama-cpp-python derives it (alternatives that shared a text key stay merged; the
+    server builds the shape from the tokens with chat_token_logprobs)."""
     if lp is None:
         return None
     content: list[ChatTokenLogprob] = [

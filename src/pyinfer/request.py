@@ -32,7 +32,7 @@ from typing import Literal
 import numpy as np
 
 from pyinfer.errors import ContextOverflowError, ParameterTypeError
-from pyinfer.sampling import Sampler, SamplingParams, TokenLogprob
+from pyinfer.sampling import INT32_MAX, Sampler, SamplingParams, TokenLogprob
 from pyinfer.tokenizer import Tokenizer
 
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -172,26 +172,44 @@ def _prompt_list(prompt_ids: Sequence[int] | np.ndarray, n_vocab: int) -> list[i
     return ids
 
 
-def _stop_list(stop: str | Sequence[str] | None) -> list[str]:
+# Stop strings are scanned on the scheduler's thread after every token, so their number and
+# length bound every request's step time: 16 strings of 1024 characters (OpenAI takes 4;
+# llama.cpp takes any number) keep the scan well under a millisecond per token.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+
+
+def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
+    """`stop` checked and as a list: strings, none empty, at most MAX_STOP_STRINGS of them,
+    none longer than MAX_STOP_CHARS characters (ParameterTypeError, ValueError naming stop)."""
     if stop is None:
         return []
     if isinstance(stop, str):
         stop = [stop]
+    elif not isinstance(stop, Sequence):
+        raise ParameterTypeError(f"stop must be a string or a list of strings, not {type(stop).__name__}")
+    if len(stop) > MAX_STOP_STRINGS:
+        raise ValueError(f"stop has {len(stop)} strings, more than the {MAX_STOP_STRINGS} allowed")
     out = []
     for s in stop:
         if not isinstance(s, str):
             raise ParameterTypeError(f"stop strings must be str, not {type(s).__name__}")
         if not s:
-            raise ValueError("a stop string is empty: it would stop before the first token")
+            raise ValueError("stop: a stop string is empty: it would stop before the first token")
+        if len(s) > MAX_STOP_CHARS:
+            raise ValueError(
+                f"stop: a stop string has {len(s)} characters, more than the {MAX_STOP_CHARS} allowed"
+            )
         out.append(s)
     return out
 
 
-def _count(name: str, value: object, minimum: int) -> int:
+def _count(name: str, value: object, minimum: int, what: str = "") -> int:
+    """A count in [minimum, INT32_MAX] (positions are 32-bit in the kernels)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ParameterTypeError(f"{name} must be an int, not {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if not minimum <= value <= INT32_MAX:
+        raise ValueError(f"{name} must be in [{minimum}, {INT32_MAX}]{what}, got {value}")
     return int(value)
 
 
@@ -211,7 +229,8 @@ def _truncate_left(
 
 
 def _scan(text: str, stops: list[str], final: bool = False) -> tuple[str, str, str | None]:
-    """Split decoded text into (safe to emit, held back, stop string found).
+    """Split decoded text into (safe to emit, held back, stop string found): the definition
+    StopScanner computes incrementally (this costs O(held text x stop length) per call).
 
     When a stop string occurs, the text before its first occurrence is emitted and the rest
     dropped. Otherwise the longest end of `text` that begins some stop string is held back
@@ -234,6 +253,64 @@ def _scan(text: str, stops: list[str], final: bool = False) -> tuple[str, str, s
                 hold = k
                 break
     return text[: len(text) - hold], text[len(text) - hold :], None
+
+
+class StopScanner:
+    """`_scan` over a stream of text fed piece by piece, without rescanning the held text:
+    one KMP automaton per stop string, whose state is the longest end of the stream that
+    begins that string. A character costs amortized O(1) per stop string, so a request with
+    long stop strings does not slow the scheduler's steps; building the tables (at most
+    MAX_STOP_STRINGS x MAX_STOP_CHARS steps) happens when the Request is made."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = stops
+        self._fail = [_prefix_function(s) for s in stops]
+        self._state = [0] * len(stops)
+        self.held = ""  # the end of the stream that could still become a stop string
+
+    def feed(self, piece: str, final: bool = False) -> tuple[str, str | None]:
+        """Take the next piece of text; returns (safe to emit, stop string found). After a
+        stop string the rest is dropped; `final`: no more text comes, emit what is held."""
+        text = self.held + piece
+        base = len(self.held)
+        at, hit = -1, None
+        hold = 0
+        for i, s in enumerate(self.stops):
+            q, fail, n = self._state[i], self._fail[i], len(s)
+            for p, c in enumerate(piece):
+                while q and s[q] != c:
+                    q = fail[q - 1]
+                if s[q] == c:
+                    q += 1
+                if q == n:  # the first occurrence of s ends here
+                    start = base + p + 1 - n
+                    if hit is None or start < at:
+                        at, hit = start, s
+                    break
+            self._state[i] = q
+            hold = max(hold, q)
+        if hit is not None:
+            self.held = ""
+            return text[:at], hit
+        if final:
+            self.held = ""
+            return text, None
+        cut = len(text) - hold
+        self.held = text[cut:]
+        return text[:cut], None
+
+
+def _prefix_function(s: str) -> list[int]:
+    """pi[i]: the length of the longest proper prefix of s[: i + 1] that also ends it."""
+    pi = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = pi[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        pi[i] = k
+    return pi
 
 
 # ---- the request
@@ -279,13 +356,7 @@ class Request:
         elif not isinstance(params, SamplingParams):
             raise ParameterTypeError(f"params must be SamplingParams, not {type(params).__name__}")
         if max_tokens is not None:
-            if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)):
-                raise ParameterTypeError(
-                    f"max_tokens must be an int or None, not {type(max_tokens).__name__}"
-                )
-            if max_tokens < 0:
-                raise ValueError(f"max_tokens must be >= 0 or None (no limit), got {max_tokens}")
-            max_tokens = int(max_tokens)
+            max_tokens = _count("max_tokens", max_tokens, 0, " or None (no limit)")
         if truncate not in (None, "left"):
             raise ValueError(f"truncate must be None or 'left', got {truncate!r}")
         if cancel is None:
@@ -296,7 +367,7 @@ class Request:
         n_past = _count("n_past", n_past, 0)
         if n_past > n_ctx:
             raise ValueError(f"n_past ({n_past}) exceeds n_ctx ({n_ctx})")
-        self.stops = _stop_list(stop)
+        self.stops = stop_strings(stop)
         ids = _prompt_list(prompt_ids, tokenizer.vocab_size)
 
         room = n_ctx - n_past
@@ -336,7 +407,7 @@ class Request:
         self._decoder = tokenizer.decoder(special=special)
         self._want_lp = params.logprobs is not None
         self._pos = n_past + len(ids)  # positions filled once the prefill has run
-        self._held = ""  # decoded text not emitted yet: it could still become a stop string
+        self._stops = StopScanner(self.stops)  # holds back text that could become a stop string
         self._ids: list[int] = []  # sampled since the last chunk
         self._lps: list[TokenLogprob] = []
         self._n = 0  # tokens sampled
@@ -394,7 +465,7 @@ class Request:
         self._ids.append(tok)
         if lp is not None:
             self._lps.append(lp)
-        emit, self._held, hit = _scan(self._held + self._decoder.feed(tok), self.stops)
+        emit, hit = self._stops.feed(self._decoder.feed(tok))
         if hit is not None:
             # Text after a stop string is dropped: no flush of the held text or the decoder.
             return self._end(emit, "stop", hit)
@@ -458,8 +529,7 @@ class Request:
         self, reason: FinishReason, stop_reason: str | int | None = None, *, emit: str = ""
     ) -> StepResult:
         # The held text did not become a stop string; an unfinished character ends as U+FFFD.
-        tail, _, hit = _scan(self._held + self._decoder.flush(), self.stops, final=True)
-        self._held = ""
+        tail, hit = self._stops.feed(self._decoder.flush(), final=True)
         if hit is not None:  # only a stop string containing U+FFFD can appear here
             reason, stop_reason = "stop", hit
         return self._end(emit + tail, reason, stop_reason)

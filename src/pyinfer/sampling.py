@@ -37,6 +37,11 @@ from pyinfer.errors import ParameterTypeError
 
 History = Union[Sequence[int], np.ndarray]
 
+# Biases are added to float32 logits: past float32's range (3.4e38) a bias would overflow
+# mid-request. 1e30 leaves room for the logit and the temperature's division, and forces or
+# suppresses a token as surely as anything larger.
+MAX_LOGIT_BIAS = 1e30
+
 # ---- parameters
 
 
@@ -50,10 +55,20 @@ def _number(name: str, value: Any) -> float:
     return value
 
 
-def _integer(name: str, value: Any) -> int:
+# The largest count or id a parameter may take: the sampling loops index with 32-bit ints,
+# and a Python int past that raises OverflowError deep inside them.
+INT32_MAX = 2**31 - 1
+
+
+def _integer(name: str, value: Any, lo: int | None = None, hi: int = INT32_MAX, what: str = "") -> int:
+    """value as an int; with lo given, ValueError unless lo <= value <= hi, naming the
+    parameter, the value and the range (`what`: what the bounds mean)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ParameterTypeError(f"{name} must be an int, not {type(value).__name__}")
-    return int(value)
+    v = int(value)
+    if lo is not None and not lo <= v <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}]{what}, got {v}")
+    return v
 
 
 @dataclass(frozen=True)
@@ -62,13 +77,16 @@ class SamplingParams:
     generate() and the command line take theirs from here; pyinfer.Llama keeps
     llama-cpp-python's own set).
 
+    Every int is bounded (top_k, repeat_last_n, logprobs, logit_bias ids by INT32_MAX; seed
+    below 2**64): ValueError naming the parameter, the value and the range.
+
     temperature: >= 0; 0 is greedy (argmax). top_k: >= 0; 0 keeps the whole vocabulary.
     top_p: in [0, 1]; 1 is off, 0 keeps only the most likely token. min_p: in [0, 1]; 0 is
     off. repeat_penalty: > 0; 1 is off. presence_penalty, frequency_penalty: finite; 0 is
     off. repeat_last_n: how many of the latest tokens (prompt included) the penalties look
     at; 0 is off, -1 the whole history. logit_bias: token id -> value added to its logit
-    (finite, or -inf to ban it). seed: an int >= 0 makes the draws reproducible; None takes
-    a fresh random seed for each Sampler. logprobs: None, or how many most likely
+    (|bias| <= MAX_LOGIT_BIAS = 1e30, or -inf to ban it). seed: an int >= 0 makes the draws
+    reproducible; None takes a fresh random seed for each Sampler. logprobs: None, or how many most likely
     alternatives to report with each token's log-probability (0: the token's own only).
     """
 
@@ -92,10 +110,7 @@ class SamplingParams:
         if not 0.0 <= t < math.inf:
             raise ValueError(f"temperature must be >= 0 and finite (0 is greedy), got {t}")
         put("temperature", t)
-        k = _integer("top_k", self.top_k)
-        if k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 keeps every token), got {k}")
-        put("top_k", k)
+        put("top_k", _integer("top_k", self.top_k, 0, what=" (0 keeps every token)"))
         for name in ("top_p", "min_p"):
             v = _number(name, getattr(self, name))
             if not 0.0 <= v <= 1.0:
@@ -110,10 +125,8 @@ class SamplingParams:
             if not math.isfinite(v):
                 raise ValueError(f"{name} must be finite (0 is off), got {v}")
             put(name, v)
-        n = _integer("repeat_last_n", self.repeat_last_n)
-        if n < -1:
-            raise ValueError(f"repeat_last_n must be >= -1 (-1: the whole history), got {n}")
-        put("repeat_last_n", n)
+        put("repeat_last_n", _integer("repeat_last_n", self.repeat_last_n, -1,
+                                      what=" (-1: the whole history, 0: off)"))
 
         if not isinstance(self.logit_bias, Mapping):
             raise ParameterTypeError(
@@ -123,26 +136,26 @@ class SamplingParams:
         bias: dict[int, float] = {}
         for tok, b in self.logit_bias.items():
             tok = _integer("a logit_bias token id", tok)
-            if tok < 0:
-                raise ValueError(f"logit_bias token id {tok} is negative")
+            if not 0 <= tok <= INT32_MAX:
+                raise ValueError(f"logit_bias token id {tok} is {'negative' if tok < 0 else 'too large'}: "
+                                 f"ids are in [0, {INT32_MAX}]")
             b = _number(f"logit_bias[{tok}]", b)
             if b == math.inf:
                 raise ValueError(
                     f"logit_bias[{tok}] is +inf: use a large finite value to force a token"
                 )
+            if b != -math.inf and abs(b) > MAX_LOGIT_BIAS:
+                raise ValueError(
+                    f"logit_bias[{tok}] = {b!r} is out of range: a bias must be within "
+                    f"+-{MAX_LOGIT_BIAS:g} (or -inf to ban the token)"
+                )
             bias[tok] = b
         put("logit_bias", MappingProxyType(bias))
 
         if self.seed is not None:
-            s = _integer("seed", self.seed)
-            if not 0 <= s < 2**64:
-                raise ValueError(f"seed must be in [0, 2**64) or None (a fresh seed), got {s}")
-            put("seed", s)
+            put("seed", _integer("seed", self.seed, 0, 2**64 - 1, " or None (a fresh seed)"))
         if self.logprobs is not None:
-            lp = _integer("logprobs", self.logprobs)
-            if lp < 0:
-                raise ValueError(f"logprobs must be >= 0 or None, got {lp}")
-            put("logprobs", lp)
+            put("logprobs", _integer("logprobs", self.logprobs, 0, what=" or None"))
 
     @property
     def greedy(self) -> bool:

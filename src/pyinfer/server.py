@@ -7,7 +7,7 @@ times). Errors have the OpenAI shape {"error": {"message", "type", "param", "cod
 for a bad parameter (param names it) or a prompt longer than the context (the message gives
 both counts), 401 for a missing or wrong API key, 413 for a body over the size limit, 503
 with Retry-After when the engine's queue is full. A client that disconnects from a stream
-cancels its sequence, which frees its KV memory within one scheduler step.
+cancels its sequence, which frees its context memory within one scheduler step.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pyinfer import openai_types
 from pyinfer.engine import Engine, RequestHandle
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, OverloadedError
-from pyinfer.request import Completion, CompletionChunk, Request
+from pyinfer.request import Completion, CompletionChunk, Request, stop_strings
 from pyinfer.sampling import SamplingParams
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
@@ -80,6 +80,8 @@ async def _json_body(request: HTTPRequest, limit: int) -> dict[str, Any]:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, f"the request body is not valid JSON: {e}") from None
+    except RecursionError:  # the parser recurses once per level of nesting
+        raise APIError(400, "the request body is not valid JSON: it is nested too deeply") from None
     if not isinstance(data, dict):
         raise APIError(400, f"the request body must be a JSON object, not {type(data).__name__}")
     return data
@@ -140,14 +142,12 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def _stop(body: Mapping[str, Any]) -> list[str]:
     v = body.get("stop")
-    if v is None:
-        return []
-    stops = [v] if isinstance(v, str) else v
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+    if v is not None and not isinstance(v, (str, list)):
         raise _bad("stop", "stop must be a string or a list of strings")
-    if any(not s for s in stops):
-        raise _bad("stop", "a stop string is empty")
-    return stops
+    try:
+        return stop_strings(v)
+    except ValueError as e:  # ParameterTypeError included
+        raise _bad("stop", str(e)) from None
 
 
 def _refuse(body: Mapping[str, Any], name: str, ok: Callable[[Any], bool], what: str) -> None:
@@ -177,6 +177,8 @@ def _prompt(body: Mapping[str, Any]) -> str | list[int]:
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
         p = p[0]  # a batch of one
     if isinstance(p, str):
+        if not p:
+            raise _bad("prompt", "prompt is empty: at least one token is needed to predict the next")
         return p
     if isinstance(p, list) and p and all(_is_int(i) for i in p):
         return [int(i) for i in p]
@@ -236,13 +238,17 @@ class Metrics:
               registry=r).set_function(lambda: engine.stats().running)
         Gauge("llamacpp:requests_deferred", "Requests waiting for admission",
               registry=r).set_function(lambda: engine.stats().waiting)
-        Gauge("llamacpp:kv_cache_usage_ratio", "KV bytes reserved by running sequences / budget",
-              registry=r).set_function(lambda: engine.stats().kv_bytes_in_use / engine.kv_budget_bytes)
-        Gauge("pyinfer:kv_cache_bytes_in_use", "KV cache bytes reserved by running sequences",
-              registry=r).set_function(lambda: engine.stats().kv_bytes_in_use)
-        Gauge("pyinfer:kv_cache_bytes_idle", "KV cache bytes kept idle for reuse",
-              registry=r).set_function(lambda: engine.stats().kv_bytes_idle)
-        Gauge("pyinfer:kv_cache_budget_bytes", "KV cache budget", registry=r).set(engine.kv_budget_bytes)
+        # A context is counted whole: its KV cache and its forward-pass scratch, the memory
+        # the engine's budget bounds (the llama.cpp name is kept for the ratio).
+        Gauge("llamacpp:kv_cache_usage_ratio",
+              "Context bytes (KV cache + scratch) reserved by running sequences / budget",
+              registry=r).set_function(lambda: engine.stats().context_bytes_in_use / engine.kv_budget_bytes)
+        Gauge("pyinfer:context_bytes_in_use", "Context bytes (KV cache + scratch) reserved by running sequences",
+              registry=r).set_function(lambda: engine.stats().context_bytes_in_use)
+        Gauge("pyinfer:context_bytes_idle", "Context bytes (KV cache + scratch) kept idle for reuse",
+              registry=r).set_function(lambda: engine.stats().context_bytes_idle)
+        Gauge("pyinfer:context_budget_bytes", "Budget for running and idle contexts (KV cache + scratch)",
+              registry=r).set(engine.kv_budget_bytes)
         Gauge("pyinfer:batch_occupancy", "Sequences running / max_batch",
               registry=r).set_function(lambda: engine.stats().running / engine.max_batch)
         Gauge("pyinfer:batch_size", "Sequences in the last decode step",
@@ -286,7 +292,8 @@ def _sse(obj: Any) -> str:
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The HTTP app over `engine` (which it closes on shutdown). api_key: when given, every
-    route but /health needs `Authorization: Bearer <api_key>`."""
+    route but /health needs `Authorization: Bearer <api_key>`, and the API's docs (/docs,
+    /redoc, /openapi.json) are not served."""
     model = engine.model
     tokenizer = model.tokenizer
     metrics = Metrics(engine)
@@ -307,7 +314,10 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         yield
         await run_in_threadpool(engine.close, 30)
 
-    app = FastAPI(title="pyinfer", dependencies=[Depends(check_key)], lifespan=lifespan)
+    # FastAPI serves /docs, /redoc and /openapi.json outside the routes' dependencies, so the
+    # key would not guard them: with a key they are off.
+    docs: dict[str, Any] = {} if expected is None else {"docs_url": None, "redoc_url": None, "openapi_url": None}
+    app = FastAPI(title="pyinfer", dependencies=[Depends(check_key)], lifespan=lifespan, **docs)
     app.state.engine = engine
     app.state.metrics = metrics
 
@@ -338,7 +348,9 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             raise APIError(503, str(e), type="server_error", code="overloaded",
                            headers={"Retry-After": str(max(1, round(e.retry_after)))}) from None
         except (TypeError, ValueError) as e:
-            field = next((f for f in (*kwargs, "prompt") if str(e).startswith(f)), None)
+            field = next((f for f in kwargs if str(e).startswith(f)), None)
+            if field is None and "prompt" in str(e):  # the prompt's own checks (empty, ids out of range)
+                field = prompt_param
             raise APIError(400, str(e), param=field) from None
         except RuntimeError as e:  # closed
             raise APIError(503, str(e), type="server_error") from None
@@ -360,6 +372,9 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
 
     def logprobs_of(ids: Sequence[int], lps: Any, offset: int) -> openai_types.CompletionLogprobs:
         return openai_types.completion_logprobs(tokenizer, ids, list(lps or []), offset)
+
+    def chat_logprobs_of(ids: Sequence[int], lps: Any) -> openai_types.ChatLogprobs:
+        return openai_types.chat_token_logprobs(tokenizer, ids, list(lps or []))
 
     async def stream(handle: RequestHandle, events: Callable[[CompletionChunk], list[Any]],
                      final: Callable[[], list[Any]]) -> AsyncIterator[str]:
@@ -495,6 +510,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             max_tokens = _opt_int(body, "max_tokens", 0)
         want_lp = _opt_bool(body, "logprobs")
         top = _opt_int(body, "top_logprobs", 0, MAX_LOGPROBS)
+        if top is not None and not want_lp:
+            raise _bad("top_logprobs", "top_logprobs needs logprobs=true")
         n_lp = (top or 0) if want_lp else None
         streamed = _opt_bool(body, "stream")
         include_usage = _include_usage(body)
@@ -510,7 +527,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
 
         if not streamed:
             c: Completion = await result(handle, request)
-            lp = openai_types.chat_logprobs(logprobs_of(c.token_ids, c.logprobs, 0)) if n_lp is not None else None
+            lp = chat_logprobs_of(c.token_ids, c.logprobs) if n_lp is not None else None
             out: openai_types.ChatCompletion = {
                 "id": cid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
@@ -531,7 +548,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                                                    None, None))
             lp = None
             if n_lp is not None and ch.token_ids:
-                lp = openai_types.chat_logprobs(logprobs_of(ch.token_ids, ch.logprobs, 0))
+                lp = chat_logprobs_of(ch.token_ids, ch.logprobs)
             n_out[0] += len(ch.token_ids)
             if ch.text:
                 evs.append(openai_types.chat_chunk(cid, model_name, created, {"content": ch.text}, lp, None))
