@@ -317,6 +317,7 @@ def test_serve_report_is_consistent(serve_out: Path) -> None:
         assert [x["kind"] for x in s] == [KINDS[i % len(KINDS)] for i in range(len(s))]
         # End-of-turn tokens banned: every reply runs to max_tokens, counted by the server.
         assert all(x["output_tokens"] == QUICK_PLAN.max_tokens and x["tokens_from"] == "usage" for x in s)
+        assert all(x["prompt_tokens_from"] == "usage" for x in s)
         assert r["total_output_tokens"] == sum(x["output_tokens"] for x in s)
         assert r["total_input_tokens"] == sum(x["prompt_tokens"] for x in s) > 0
         ends = [x["sent_s"] + x["e2e_s"] for x in s]

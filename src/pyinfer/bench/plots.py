@@ -181,9 +181,10 @@ def plot_serve(rep: dict[str, Any], path: Path) -> bool:
     slo = rep.get("slo", {}).get("ttft_ms")
     if slo:
         ax1.axhline(slo, color="gray", lw=0.8, ls="--", label=f"SLO {slo:.0f} ms")
+    levels = sorted({r["concurrency"] for r in rows})
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sorted({r["concurrency"] for r in rows}), [str(x) for x in sorted({r["concurrency"] for r in rows})])
+        ax.set_xticks(levels, [str(x) for x in levels])
         ax.set_xlabel("concurrent streaming clients")
         ax.grid(True, which="both", alpha=0.3)
     ax1.set_yscale("log")
@@ -198,5 +199,6 @@ def plot_serve(rep: dict[str, Any], path: Path) -> bool:
 
 PLOTS: dict[str, Callable[[dict[str, Any], Path], bool]] = {
     "ceiling": plot_ceiling, "roofline": plot_roofline, "formats": plot_formats, "context": plot_context,
-    "batch": plot_batch, "prefill": plot_prefill, "model_size": plot_model_size, "peers": plot_peers, "serve": plot_serve,
+    "batch": plot_batch, "prefill": plot_prefill, "model_size": plot_model_size, "peers": plot_peers,
+    "serve": plot_serve,
 }

@@ -25,6 +25,8 @@ from typing import IO, Any
 import numpy as np
 
 from pyinfer.bench.common import Progress, Settings, table
+from pyinfer.chat import ChatTemplate
+from pyinfer.gguf import GGUFReader
 from pyinfer.tokenizer import Tokenizer
 
 Report = tuple[dict[str, Any], list[str]]
@@ -139,7 +141,7 @@ class Plan:
     min_requests: int = 8  # per level: at least this many, else twice the concurrency
     ttft_slo_s: float = 1.0
     tpot_slo_s: float = 0.1
-    level_timeout_s: float = 240.0  # no new request starts later than this into a level
+    level_timeout_s: float = 150.0  # no new request starts later than this into a level
     request_timeout_s: float = 120.0  # a request's socket: no read waits longer
     n_ctx: int = 2048  # tokens per sequence, every engine
 
@@ -281,6 +283,7 @@ class Result:
     output_tokens: int = 0
     tokens_from: str = "chunks"  # "usage" when the server reported completion_tokens
     prompt_tokens: int | None = None
+    prompt_tokens_from: str = "usage"  # "template": counted here, the server gave no usage
     error: str | None = None
 
     @property
@@ -440,7 +443,8 @@ def summarize(results: list[Result], wall_s: float, plan: Plan) -> dict[str, Any
 def _record(r: Result) -> dict[str, Any]:
     return {"index": r.index, "kind": r.kind, "sent_s": r.sent, "ttft_s": r.ttft if r.ok else None,
             "e2e_s": r.e2e if r.ok else None, "tpot_s": r.tpot, "output_tokens": r.output_tokens,
-            "prompt_tokens": r.prompt_tokens, "tokens_from": r.tokens_from, "chunk_times_s": r.chunk_times,
+            "prompt_tokens": r.prompt_tokens, "prompt_tokens_from": r.prompt_tokens_from,
+            "tokens_from": r.tokens_from, "chunk_times_s": r.chunk_times,
             "error": r.error}
 
 
@@ -474,9 +478,32 @@ def peer_specs(s: Settings, nt: int, plan: Plan) -> tuple[list[ServerSpec], dict
     return specs, skipped
 
 
-def banned_tokens(model: Path) -> list[int]:
-    """The model's end-of-turn token ids (what a reply would stop at)."""
-    return sorted(Tokenizer.load(model).eot_ids)
+class PromptTokens:
+    """The model's end-of-turn ids (what a reply would stop at) and the prompt length of each
+    request through its own chat template: the count for a server that reports no usage in
+    its stream (the peers load the same file and template)."""
+
+    def __init__(self, model: Path, quick: bool) -> None:
+        with GGUFReader(model) as reader:
+            self.tokenizer = Tokenizer(reader.metadata)
+            self.template = ChatTemplate.from_metadata(reader.metadata)
+        self.banned = sorted(self.tokenizer.eot_ids)
+        self.quick = quick
+        self._n: dict[int, int] = {}
+
+    def __call__(self, i: int) -> int:
+        if i not in self._n:
+            _, messages = request_messages(i, quick=self.quick)
+            self._n[i] = len(self.template.encode(self.tokenizer, messages, add_generation_prompt=True))
+        return self._n[i]
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average: on a shared machine, how busy the cores were around a level."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def _ms(v: float | None) -> str:
@@ -502,7 +529,8 @@ def study_serve(s: Settings) -> Report:
             raise RuntimeError(f"the serve study needs {mod}: pip install 'pyinfer[server]'")
     plan = plan_for(s)
     nt = max(s.threads)
-    banned = banned_tokens(s.model)
+    counts = PromptTokens(s.model, s.quick)
+    banned = counts.banned
     peers, skipped = peer_specs(s, nt, plan)
     specs = [pyinfer_spec(s.model, nt, plan), *peers]
     n_total = sum(plan.n_requests(c) for c in plan.levels)
@@ -537,8 +565,13 @@ def study_serve(s: Settings) -> Report:
         for c in plan.levels:
             n = plan.n_requests(c)
             for srv in live:
+                load = _load_average()
                 res, wall, not_sent = run_level(srv.port, c, n, plan, banned, quick=s.quick)
+                for one_res in res:
+                    if one_res.prompt_tokens is None:
+                        one_res.prompt_tokens, one_res.prompt_tokens_from = counts(one_res.index), "template"
                 row = {"engine": srv.name, "concurrency": c, "requests": n, "not_sent": not_sent,
+                       "load_average_before": load, "load_average_after": _load_average(),
                        **summarize(res, wall, plan), "errors": sorted({r.error for r in res if r.error})[:5],
                        "samples": [_record(r) for r in res]}
                 rows.append(row)
