@@ -367,3 +367,47 @@ def test_serve_summary_of_known_times() -> None:
     lines = [b": ping\r\n", b"\r\n", b'data: {"x": 1}\r\n', b"event: message\n", b'data:{"y":2}\n', b"data: [DONE]\n",
              b'data: {"z": 3}\n']
     assert list(sse_events(iter(lines))) == [{"x": 1}, {"y": 2}]
+
+
+def test_serve_level_is_cut_off_at_its_time_limit() -> None:
+    """A server that streams too slowly: no request starts after the level's limit, those
+    still running are cut off and counted failed, and the level ends within its bounds."""
+    import http.server
+    import threading
+    import time
+
+    from pyinfer.bench.serve import CUT_OFF, Plan, run_level, summarize
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            try:
+                for _ in range(50):  # 5 s of chunks, far past the limits below
+                    self.wfile.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
+                    self.wfile.flush()
+                    time.sleep(0.1)
+                self.wfile.write(b"data: [DONE]\n\n")
+            except OSError:
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        plan = Plan(levels=(2,), max_tokens=4, level_timeout_s=0.3, drain_timeout_s=0.4, request_timeout_s=10)
+        t = time.perf_counter()
+        res, wall, not_sent = run_level(srv.server_address[1], 2, 6, plan, [0], quick=True)
+        assert time.perf_counter() - t < 3
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert len(res) == 2 and not_sent == 4  # the first two only: they outlast the limit
+    assert all(r.error == CUT_OFF and r.output_tokens > 0 and r.end is not None for r in res)
+    assert wall == max(r.end for r in res) - min(r.sent for r in res)
+    out = summarize(res, wall, plan)
+    assert out["completed"] == 0 and out["failed"] == 2 and out["total_output_tokens"] == 0

@@ -141,7 +141,8 @@ class Plan:
     min_requests: int = 8  # per level: at least this many, else twice the concurrency
     ttft_slo_s: float = 1.0
     tpot_slo_s: float = 0.1
-    level_timeout_s: float = 150.0  # no new request starts later than this into a level
+    level_timeout_s: float = 90.0  # no new request starts later than this into a level
+    drain_timeout_s: float = 30.0  # then the requests still running are cut off
     request_timeout_s: float = 120.0  # a request's socket: no read waits longer
     n_ctx: int = 2048  # tokens per sequence, every engine
 
@@ -150,7 +151,8 @@ class Plan:
 
 
 FULL_PLAN = Plan(levels=(1, 4, 16, 32), max_tokens=64)
-QUICK_PLAN = Plan(levels=(1, 4), max_tokens=16, min_requests=4, level_timeout_s=60.0, request_timeout_s=60.0)
+QUICK_PLAN = Plan(levels=(1, 4), max_tokens=16, min_requests=4, level_timeout_s=60.0, drain_timeout_s=30.0,
+                  request_timeout_s=60.0)
 
 
 def plan_for(s: Settings) -> Plan:
@@ -325,19 +327,66 @@ def sse_events(lines: Iterator[bytes]) -> Iterator[Any]:
         yield json.loads(data)
 
 
-def stream_chat(port: int, body: dict[str, Any], res: Result, t0: float, timeout_s: float) -> None:
-    """POST a streamed chat request and fill `res` as its chunks arrive."""
+class Cutoff:
+    """The open connections of a level, shut down together when its time is up (the readers
+    then see their streams end and report them as cut off)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # The sockets themselves: http.client hands a response that ends with the connection
+        # its socket and drops its own reference.
+        self.socks: set[socket.socket] = set()
+        self.cut = False
+
+    def add(self, sock: socket.socket) -> bool:
+        with self.lock:
+            if not self.cut:
+                self.socks.add(sock)
+            return not self.cut
+
+    def discard(self, sock: socket.socket | None) -> None:
+        with self.lock:
+            self.socks.discard(sock)
+
+    def cut_all(self) -> None:
+        with self.lock:
+            self.cut = True
+            for sock in self.socks:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+
+CUT_OFF = "cut off at the level's time limit"
+
+
+def stream_chat(port: int, body: dict[str, Any], res: Result, t0: float, timeout_s: float,
+                cutoff: Cutoff | None = None) -> None:
+    """POST a streamed chat request and fill `res` as its chunks arrive; a stream that ends
+    before `data: [DONE]` is an error."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    sock: socket.socket | None = None
     try:
         res.sent = time.perf_counter() - t0
+        conn.connect()
+        sock = conn.sock
+        if cutoff is not None and not cutoff.add(sock):
+            res.error = CUT_OFF
+            return
         conn.request("POST", "/v1/chat/completions", body=json.dumps(body).encode(),
                      headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
         resp = conn.getresponse()
         if resp.status != 200:
             res.error = f"HTTP {resp.status}: {resp.read()[:300].decode(errors='replace')}"
             return
-        n_chunks = 0
-        for ev in sse_events(iter(resp.readline, b"")):
+        n_chunks, done = 0, [False]
+
+        def lines() -> Iterator[bytes]:
+            for line in iter(resp.readline, b""):
+                if line.strip() == b"data: [DONE]" or line.strip() == b"data:[DONE]":
+                    done[0] = True
+                yield line
+
+        for ev in sse_events(lines()):
             if "error" in ev:
                 res.error = f"stream error: {json.dumps(ev['error'])[:300]}"
                 return
@@ -355,11 +404,18 @@ def stream_chat(port: int, body: dict[str, Any], res: Result, t0: float, timeout
         res.end = time.perf_counter() - t0
         if res.tokens_from != "usage":
             res.output_tokens = n_chunks
-        if res.first is None:
+        if not done[0]:
+            res.error = CUT_OFF if cutoff is not None and cutoff.cut else "the stream ended before data: [DONE]"
+        elif res.first is None:
             res.error = "the stream ended without text"
     except (OSError, http.client.HTTPException, ValueError) as e:
-        res.error = f"{type(e).__name__}: {e}"[:300]
+        if cutoff is not None and cutoff.cut:
+            res.end, res.error = time.perf_counter() - t0, CUT_OFF
+        else:
+            res.error = f"{type(e).__name__}: {e}"[:300]
     finally:
+        if cutoff is not None:
+            cutoff.discard(sock)
         conn.close()
 
 
@@ -375,11 +431,13 @@ def request_body(i: int, plan: Plan, banned: Sequence[int], *, quick: bool) -> t
 def run_level(port: int, concurrency: int, n_requests: int, plan: Plan, banned: Sequence[int], *,
               quick: bool, first_index: int = 0) -> tuple[list[Result], float, int]:
     """n_requests streamed chat requests from `concurrency` client threads, each sending its
-    next request as soon as its last one ends; none starts after plan.level_timeout_s.
-    Returns (results, wall seconds from the first send to the last end, requests not sent)."""
+    next request as soon as its last one ends; none starts after plan.level_timeout_s, and
+    those still running plan.drain_timeout_s later are cut off (failed). Returns (results,
+    wall seconds from the first send to the last end or cut-off, requests not sent)."""
     lock = threading.Lock()
     todo = list(range(first_index, first_index + n_requests))
     results: list[Result] = []
+    cutoff = Cutoff()
     t0 = time.perf_counter()
 
     def client() -> None:
@@ -390,15 +448,20 @@ def run_level(port: int, concurrency: int, n_requests: int, plan: Plan, banned: 
                 i = todo.pop(0)
             kind, body = request_body(i, plan, banned, quick=quick)
             res = Result(index=i, kind=kind, sent=0.0)
-            stream_chat(port, body, res, t0, plan.request_timeout_s)
+            stream_chat(port, body, res, t0, plan.request_timeout_s, cutoff)
             with lock:
                 results.append(res)
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(concurrency)]
     for th in threads:
         th.start()
+    hard = t0 + plan.level_timeout_s + plan.drain_timeout_s
     for th in threads:
-        th.join()
+        th.join(max(0.0, hard - time.perf_counter()))
+    if any(th.is_alive() for th in threads):
+        cutoff.cut_all()
+        for th in threads:
+            th.join()
     results.sort(key=lambda r: r.index)
     ends = [r.end for r in results if r.end is not None]
     wall = (max(ends) - min(r.sent for r in results)) if ends else 0.0
@@ -498,6 +561,16 @@ class PromptTokens:
         return self._n[i]
 
 
+def _drain(srv: Server, plan: Plan, banned: Sequence[int], quick: bool, index: int) -> float:
+    """Seconds until a one-token request goes through after a level: a server that queues
+    requests (or still finishes ones cut off) is idle again before the next engine's turn."""
+    body = {**request_body(0, plan, banned, quick=quick)[1], "max_tokens": 1}
+    res = Result(index=index, kind=KINDS[0], sent=0.0)
+    t = time.perf_counter()
+    stream_chat(srv.port, body, res, t, max(plan.request_timeout_s, 300.0))
+    return time.perf_counter() - t
+
+
 def _load_average() -> float | None:
     """The 1-minute load average: on a shared machine, how busy the cores were around a level."""
     try:
@@ -567,11 +640,12 @@ def study_serve(s: Settings) -> Report:
             for srv in live:
                 load = _load_average()
                 res, wall, not_sent = run_level(srv.port, c, n, plan, banned, quick=s.quick)
+                drain_s = _drain(srv, plan, banned, s.quick, n_total)
                 for one_res in res:
                     if one_res.prompt_tokens is None:
                         one_res.prompt_tokens, one_res.prompt_tokens_from = counts(one_res.index), "template"
                 row = {"engine": srv.name, "concurrency": c, "requests": n, "not_sent": not_sent,
-                       "load_average_before": load, "load_average_after": _load_average(),
+                       "load_average_before": load, "load_average_after": _load_average(), "drain_s": drain_s,
                        **summarize(res, wall, plan), "errors": sorted({r.error for r in res if r.error})[:5],
                        "samples": [_record(r) for r in res]}
                 rows.append(row)
@@ -607,7 +681,9 @@ def _markdown(s: Settings, plan: Plan, nt: int, rows: list[dict[str, Any]], rati
           f"concurrency {', '.join(map(str, plan.levels))} (max(2 x concurrency, {plan.min_requests}) requests "
           f"per level): short chat turns, a long document to summarize and a question after a shared system "
           f"prompt, in turn; {plan.max_tokens} tokens per reply (greedy, end-of-turn tokens banned, so every "
-          f"engine generates them all); servers at {nt} thread(s), engines taking turns at each level. "
+          f"engine generates them all); servers at {nt} thread(s), engines taking turns at each level; no request "
+          f"starts after {plan.level_timeout_s:.0f} s of a level, and those still running "
+          f"{plan.drain_timeout_s:.0f} s later are cut off (failed). "
           f"TTFT: send to first text; TPOT: (E2E - TTFT) / (tokens - 1); ITL: between text chunks; goodput: "
           f"requests/s with TTFT < {plan.ttft_slo_s * 1e3:.0f} ms and TPOT < {plan.tpot_slo_s * 1e3:.0f} ms. "
           "Latencies in ms, mean / p50 / p99.", ""]
