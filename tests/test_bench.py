@@ -1,5 +1,6 @@
 """`pyinfer bench --quick` on a tiny synthetic model (schema and internal consistency, never
-speed), and `pyinfer quantize` round trips through pyinfer and the `gguf` package."""
+speed), `pyinfer bench serve --quick` against a real `pyinfer serve` process, and `pyinfer
+quantize` round trips through pyinfer and the `gguf` package."""
 
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def bench_out(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("home")
     out = home / "results"
     env = {**os.environ, "PYINFER_HOME": str(home)}
-    r = subprocess.run([sys.executable, "-m", "pyinfer", "bench", "--quick", "--model", str(tiny), "--out",
+    # Every study but serve, which has its own run below.
+    r = subprocess.run([sys.executable, "-m", "pyinfer", "bench", *STUDIES, "--quick", "--model", str(tiny), "--out",
                         str(out), "--threads", "1", "2", "--no-peers"], capture_output=True, text=True,
                        cwd=home, env=env, timeout=600, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -263,3 +265,149 @@ def test_quantize_rejects_bad_requests(tiny: Path, tmp_path: Path) -> None:
         quantize_model(tiny, tmp_path / "x.gguf", "q5_k")
     with pytest.raises(ValueError, match="must not be the input"):
         quantize_model(tiny, tiny, "f16")
+
+
+# -- the serve study -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def serve_out(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`pyinfer bench serve --quick` against pyinfer alone: the peers named do not exist, so
+    both are reported as skipped."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    home = tmp_path_factory.mktemp("serve-home")
+    out = home / "results"
+    env = {**os.environ, "PYINFER_HOME": str(home)}
+    r = subprocess.run([sys.executable, "-m", "pyinfer", "bench", "serve", "--quick", "--model", str(tiny),
+                        "--out", str(out), "--threads", "1", "--peer-python", str(home / "no-python"),
+                        "--peer-server", str(home / "no-llama-server")],
+                       capture_output=True, text=True, cwd=home, env=env, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out
+
+
+def _check_dist(r: dict, name: str, samples_s: list[float]) -> None:
+    ms = np.asarray(samples_s) * 1e3
+    mean, p50, p99 = r[f"mean_{name}_ms"], r[f"median_{name}_ms"], r[f"p99_{name}_ms"]
+    assert mean == pytest.approx(float(ms.mean()))
+    assert p50 == pytest.approx(float(np.median(ms)))
+    assert ms.min() <= p50 <= p99 <= ms.max()
+    assert ms.min() <= mean <= ms.max()
+
+
+def test_serve_report_is_consistent(serve_out: Path) -> None:
+    from pyinfer.bench.serve import KINDS, QUICK_PLAN
+
+    rep = _load(serve_out, "serve")
+    for key in ("machine", "versions", "commit", "time", "elapsed_s", "plan", "slo", "servers"):
+        assert key in rep, key
+    assert (serve_out / "serve.md").read_text().startswith("## Serving")
+    if __import__("importlib").util.find_spec("matplotlib") is not None:
+        assert (serve_out / "serve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(rep["skipped"]) == {"llama-cpp-python", "llama-server"} and rep["ratios"] == []
+    assert "cannot start" in rep["skipped"]["llama-server"]
+    assert [s["engine"] for s in rep["servers"]] == ["pyinfer"]
+    rows = rep["rows"]
+    assert [(r["engine"], r["concurrency"]) for r in rows] == [("pyinfer", c) for c in QUICK_PLAN.levels]
+    for r in rows:
+        s = r["samples"]
+        assert r["requests"] == QUICK_PLAN.n_requests(r["concurrency"]) == len(s)
+        assert r["completed"] == len(s) and r["failed"] == 0 and r["not_sent"] == 0 and not r["errors"]
+        assert [x["kind"] for x in s] == [KINDS[i % len(KINDS)] for i in range(len(s))]
+        # End-of-turn tokens banned: every reply runs to max_tokens, counted by the server.
+        assert all(x["output_tokens"] == QUICK_PLAN.max_tokens and x["tokens_from"] == "usage" for x in s)
+        assert all(x["prompt_tokens_from"] == "usage" for x in s)
+        assert r["total_output_tokens"] == sum(x["output_tokens"] for x in s)
+        assert r["total_input_tokens"] == sum(x["prompt_tokens"] for x in s) > 0
+        ends = [x["sent_s"] + x["e2e_s"] for x in s]
+        assert r["duration_s"] == pytest.approx(max(ends) - min(x["sent_s"] for x in s))
+        assert r["output_throughput"] == pytest.approx(r["total_output_tokens"] / r["duration_s"])
+        assert r["request_throughput"] == pytest.approx(r["completed"] / r["duration_s"])
+        assert r["total_token_throughput"] == pytest.approx(
+            (r["total_input_tokens"] + r["total_output_tokens"]) / r["duration_s"])
+        for x in s:
+            assert 0 < x["ttft_s"] <= x["e2e_s"]
+            assert x["tpot_s"] == pytest.approx((x["e2e_s"] - x["ttft_s"]) / (x["output_tokens"] - 1))
+            assert x["chunk_times_s"] == sorted(x["chunk_times_s"])
+            assert x["chunk_times_s"][0] == pytest.approx(x["sent_s"] + x["ttft_s"])
+        _check_dist(r, "ttft", [x["ttft_s"] for x in s])
+        _check_dist(r, "e2el", [x["e2e_s"] for x in s])
+        _check_dist(r, "tpot", [x["tpot_s"] for x in s])
+        _check_dist(r, "itl", [b - a for x in s for a, b in zip(x["chunk_times_s"], x["chunk_times_s"][1:])])
+        assert r["median_ttft_ms"] <= r["median_e2el_ms"] and r["p99_ttft_ms"] <= r["p99_e2el_ms"]
+        good = [x for x in s if x["ttft_s"] < rep["slo"]["ttft_ms"] / 1e3 and x["tpot_s"] < rep["slo"]["tpot_ms"] / 1e3]
+        assert r["good_requests"] == len(good)
+        assert r["request_goodput"] == pytest.approx(len(good) / r["duration_s"])
+        assert set(r["median_ttft_ms_by_kind"]) == set(KINDS)
+    assert rows[0]["output_throughput_vs_lowest"] == pytest.approx(1.0)
+    assert rows[1]["output_throughput_vs_lowest"] == pytest.approx(
+        rows[1]["output_throughput"] / rows[0]["output_throughput"])
+
+
+def test_serve_summary_of_known_times() -> None:
+    from pyinfer.bench.serve import Plan, Result, sse_events, summarize
+
+    plan = Plan(levels=(2,), max_tokens=3, ttft_slo_s=0.5, tpot_slo_s=0.15)
+    a = Result(0, "short_chat", sent=0.0, first=0.2, end=0.4, chunk_times=[0.2, 0.3, 0.4], output_tokens=3,
+               prompt_tokens=10, tokens_from="usage")
+    b = Result(1, "long_document", sent=0.1, first=0.9, end=1.5, chunk_times=[0.9, 1.2, 1.5], output_tokens=3,
+               prompt_tokens=30, tokens_from="usage")
+    c = Result(2, "shared_system", sent=0.4, error="HTTP 503: busy")
+    out = summarize([a, b, c], 1.5, plan)
+    assert out["completed"] == 2 and out["failed"] == 1
+    assert out["total_output_tokens"] == 6 and out["total_input_tokens"] == 40
+    assert out["output_throughput"] == pytest.approx(4.0) and out["request_throughput"] == pytest.approx(4 / 3)
+    assert out["mean_ttft_ms"] == pytest.approx(500.0) and out["median_ttft_ms"] == pytest.approx(500.0)
+    assert out["p99_ttft_ms"] == pytest.approx(200 + 0.99 * 600)
+    assert out["mean_tpot_ms"] == pytest.approx(200.0)  # (0.2 / 2 + 0.6 / 2) / 2
+    assert out["mean_itl_ms"] == pytest.approx(200.0) and out["median_itl_ms"] == pytest.approx(200.0)
+    assert out["good_requests"] == 1 and out["request_goodput"] == pytest.approx(1 / 1.5)  # b misses both
+    assert out["median_ttft_ms_by_kind"] == {"short_chat": pytest.approx(200.0), "long_document": pytest.approx(800.0)}
+    lines = [b": ping\r\n", b"\r\n", b'data: {"x": 1}\r\n', b"event: message\n", b'data:{"y":2}\n', b"data: [DONE]\n",
+             b'data: {"z": 3}\n']
+    assert list(sse_events(iter(lines))) == [{"x": 1}, {"y": 2}]
+
+
+def test_serve_level_is_cut_off_at_its_time_limit() -> None:
+    """A server that streams too slowly: no request starts after the level's limit, those
+    still running are cut off and counted failed, and the level ends within its bounds."""
+    import http.server
+    import threading
+    import time
+
+    from pyinfer.bench.serve import CUT_OFF, Plan, run_level, summarize
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            try:
+                for _ in range(50):  # 5 s of chunks, far past the limits below
+                    self.wfile.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
+                    self.wfile.flush()
+                    time.sleep(0.1)
+                self.wfile.write(b"data: [DONE]\n\n")
+            except OSError:
+                pass
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        plan = Plan(levels=(2,), max_tokens=4, level_timeout_s=0.3, drain_timeout_s=0.4, request_timeout_s=10)
+        t = time.perf_counter()
+        res, wall, not_sent = run_level(srv.server_address[1], 2, 6, plan, [0], quick=True)
+        assert time.perf_counter() - t < 3
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert len(res) == 2 and not_sent == 4  # the first two only: they outlast the limit
+    assert all(r.error == CUT_OFF and r.output_tokens > 0 and r.end is not None for r in res)
+    assert wall == max(r.end for r in res) - min(r.sent for r in res)
+    out = summarize(res, wall, plan)
+    assert out["completed"] == 0 and out["failed"] == 2 and out["total_output_tokens"] == 0

@@ -50,7 +50,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from pyinfer.bench import run_bench
 
     run_bench(args.studies, model=args.model, quick=args.quick, out=args.out, threads=args.threads,
-              llama_bench=args.llama_bench, peers=not args.no_peers)
+              llama_bench=args.llama_bench, peers=not args.no_peers, peer_python=args.peer_python,
+              peer_server=args.peer_server)
     return 0
 
 
@@ -227,14 +228,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure decode against memory bandwidth; JSON, Markdown and plots")
     b.add_argument("studies", nargs="*", metavar="STUDY",
-                   help="ceiling roofline formats context batch prefill model_size peers (default: all)")
+                   help="ceiling roofline formats context batch prefill model_size peers serve (default: all)")
     b.add_argument("--quick", action="store_true", help="short runs (under 2 minutes): a smoke test")
     b.add_argument("--out", default="bench-results", help="directory for the results (default: %(default)s)")
     b.add_argument("--model", "-m", default=None, help="GGUF path or known model name (default: smollm2)")
     b.add_argument("--threads", "-t", type=int, nargs="+", default=None,
                    help="thread counts (default: 1, 2, 4, ... up to the usable cores)")
     b.add_argument("--llama-bench", default=None, metavar="PATH", help="a llama-bench binary to compare with")
-    b.add_argument("--no-peers", action="store_true", help="time pyinfer alone in the peers study")
+    b.add_argument("--no-peers", action="store_true", help="time pyinfer alone in the peers and serve studies")
+    b.add_argument("--peer-python", default=None, metavar="PATH",
+                   help="serve study: a Python with llama-cpp-python[server] (default: this one, if it has it)")
+    b.add_argument("--peer-server", default=None, metavar="PATH", help="serve study: a llama-server binary")
     b.set_defaults(func=_cmd_bench)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the [server] extra)")

@@ -1,9 +1,10 @@
 """The bench suite behind `pyinfer bench`: decode measured against the machine's memory
-bandwidth, swept over weight format, threads, context, batch and model size, with prefill
-and peers; JSON (every raw sample), Markdown and PNG plots per study."""
+bandwidth, swept over weight format, threads, context, batch and model size, with prefill,
+peers and serving; JSON (every raw sample), Markdown and PNG plots per study."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,16 @@ from pyinfer.registry import ModelArg, resolve_model
 # The order studies run in when none is named: the ceiling first, so everything after it
 # can be read against it.
 DEFAULT_STUDIES = list(STUDIES)
+# What the serve study needs beyond the [bench] extra: without it, a run of every study
+# leaves serve out (naming it asks for it, and its error says what to install).
+SERVER_MODULES = ("fastapi", "uvicorn", "prometheus_client")
+
+
+def default_studies() -> list[str]:
+    if all(importlib.util.find_spec(m) is not None for m in SERVER_MODULES):
+        return list(DEFAULT_STUDIES)
+    print("serve study left out: it needs the [server] extra (pip install 'pyinfer[server]')", file=sys.stderr)
+    return [n for n in DEFAULT_STUDIES if n != "serve"]
 
 
 def default_thread_counts() -> list[int]:
@@ -32,17 +43,19 @@ def default_thread_counts() -> list[int]:
 
 def run_bench(studies: list[str] | None = None, *, model: ModelArg = None, quick: bool = False,
               out: str | Path = "bench-results", threads: list[int] | None = None,
-              llama_bench: str | None = None, peers: bool = True) -> dict[str, Any]:
+              llama_bench: str | None = None, peers: bool = True, peer_python: str | None = None,
+              peer_server: str | None = None) -> dict[str, Any]:
     """Run the named studies (all by default) and write their files under `out`, plus
     summary.md gathering every study's Markdown. Returns {study: report}."""
-    names = studies or DEFAULT_STUDIES
+    names = studies or default_studies()
     unknown = [n for n in names if n not in STUDIES]
     if unknown:
         raise ValueError(f"unknown study {', '.join(unknown)} (known: {', '.join(STUDIES)})")
     if threads and min(threads) < 1:
         raise ValueError("thread counts must be positive")
     s = Settings(model=resolve_model(model), threads=sorted(set(threads or default_thread_counts())),
-                 quick=quick, out=Path(out), llama_bench=llama_bench, peers=peers, env=environment())
+                 quick=quick, out=Path(out), llama_bench=llama_bench, peers=peers, peer_python=peer_python,
+                 peer_server=peer_server, env=environment())
     started = time.perf_counter()
     reports: dict[str, Any] = {}
     summary = [f"# pyinfer bench: {s.model.name}", "",

@@ -110,6 +110,8 @@ class Settings:
     out: Path = Path("bench-results")
     llama_bench: str | None = None
     peers: bool = True
+    peer_python: str | None = None  # an interpreter with llama-cpp-python[server] (the serve study)
+    peer_server: str | None = None  # a llama-server binary (the serve study)
     env: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -160,7 +160,45 @@ def plot_peers(rep: dict[str, Any], path: Path) -> bool:
     return _save(fig, path)
 
 
+def plot_serve(rep: dict[str, Any], path: Path) -> bool:
+    """Median TTFT (p99 dotted) and aggregate output tokens/s against concurrency, a line per
+    engine, one colour each on both panels."""
+    rows = rep["rows"]
+    if not rows:
+        return False
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.8))
+    engines = list(dict.fromkeys(r["engine"] for r in rows))
+    for i, name in enumerate(engines):
+        sel = sorted((r for r in rows if r["engine"] == name and r["completed"]), key=lambda r: r["concurrency"])
+        if not sel:
+            continue
+        c = [r["concurrency"] for r in sel]
+        colour = f"C{i}"
+        ax1.plot(c, [r["median_ttft_ms"] for r in sel], "o-", color=colour, label=f"{name} p50")
+        ax1.plot(c, [r["p99_ttft_ms"] for r in sel], ":", color=colour, label=f"{name} p99")
+        ax2.plot(c, [r["output_throughput"] for r in sel], "o-", color=colour, label=name)
+    slo = rep.get("slo", {}).get("ttft_ms")
+    if slo:
+        ax1.axhline(slo, color="gray", lw=0.8, ls="--", label=f"SLO {slo:.0f} ms")
+    levels = sorted({r["concurrency"] for r in rows})
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(x) for x in levels])
+        ax.set_xlabel("concurrent streaming clients")
+        ax.grid(True, which="both", alpha=0.3)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("time to first token (ms)")
+    ax1.set_title("TTFT (solid: p50, dotted: p99)", fontsize=9)
+    ax2.set_ylabel("output tokens/s, all clients")
+    ax2.set_title(f"Aggregate output tokens/s ({rep['plan']['max_tokens']} per reply)", fontsize=9)
+    ax1.legend(fontsize=7)
+    ax2.legend(fontsize=7)
+    return _save(fig, path)
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Path], bool]] = {
     "ceiling": plot_ceiling, "roofline": plot_roofline, "formats": plot_formats, "context": plot_context,
     "batch": plot_batch, "prefill": plot_prefill, "model_size": plot_model_size, "peers": plot_peers,
+    "serve": plot_serve,
 }

@@ -30,6 +30,7 @@ from pyinfer.bench.engines import (
     peer_makers,
     resident_memory,
 )
+from pyinfer.bench.serve import study_serve
 from pyinfer.bench.synthetic import PRESETS, synthetic_model
 from pyinfer.gguf import GGUFReader
 from pyinfer.gguf_types import GGMLType
@@ -718,4 +719,5 @@ STUDIES = {
     "prefill": study_prefill,
     "model_size": study_model_size,
     "peers": study_peers,
+    "serve": study_serve,
 }
