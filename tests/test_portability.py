@@ -35,7 +35,7 @@ def emulated(cpu: str, args: list[str], **env: str) -> subprocess.CompletedProce
     # The emulated CPU decides the path: a PYINFER_ISA set for the outer run must not leak in.
     base = {k: v for k, v in os.environ.items() if k != "PYINFER_ISA"}
     return subprocess.run([QEMU, "-cpu", cpu, sys.executable, *args], capture_output=True, text=True,
-                          timeout=600, env=dict(base, **env), cwd=TESTS, check=False)
+                          timeout=1500, env=dict(base, **env), cwd=TESTS, check=False)
 
 
 @pytest.mark.parametrize("cpu,expected", [("Westmere", "scalar"), ("Haswell", "avx2")])
