@@ -662,7 +662,8 @@ def study_serve(s: Settings) -> Report:
         if r["engine"] == "pyinfer":
             continue
         base = next(x for x in rows if x["engine"] == "pyinfer" and x["concurrency"] == r["concurrency"])
-        ratios.append({"peer": r["engine"], "concurrency": r["concurrency"],
+        ratios.append({"peer": r["engine"], "concurrency": r["concurrency"], "peer_completed": r["completed"],
+                       "peer_requests": r["requests"], "pyinfer_completed": base["completed"],
                        **{k: _ratio(base[k], r[k]) for k in RATIO_KEYS}})
     md = _markdown(s, plan, nt, rows, ratios, skipped)
     return {"study": "serve", "plan": {**plan.__dict__, "levels": list(plan.levels),
@@ -707,10 +708,14 @@ def _markdown(s: Settings, plan: Plan, nt: int, rows: list[dict[str, Any]], rati
             return "-" if v is None else f"{v:.2f}x"
 
         md += ["", "pyinfer's figure over the peer's at the same concurrency, measured in the same run (tokens/s "
-               "and goodput: above 1, pyinfer is ahead; latencies: below 1, pyinfer is ahead):", ""]
-        md += table(["peer", "conc.", "out tok/s", "req/s", "goodput", "p50 TTFT", "p99 TTFT", "p50 TPOT",
-                     "p50 ITL", "p50 E2E"],
-                    [[x["peer"], x["concurrency"]] + [cell(x[k]) for k in RATIO_KEYS] for x in ratios])
+               "and goodput: above 1, pyinfer is ahead; latencies: below 1, pyinfer is ahead). Latencies count "
+               "completed requests only, as vLLM's do: where a peer completed few of its requests, its latencies "
+               "are those of the few that finished, and its throughput is what it delivered in the time allowed.",
+               ""]
+        md += table(["peer", "conc.", "peer done", "out tok/s", "req/s", "goodput", "p50 TTFT", "p99 TTFT",
+                     "p50 TPOT", "p50 ITL", "p50 E2E"],
+                    [[x["peer"], x["concurrency"], f"{x['peer_completed']}/{x['peer_requests']}"]
+                     + [cell(x[k]) for k in RATIO_KEYS] for x in ratios])
     errs = [f"- {r['engine']} at {r['concurrency']}: {r['failed']} failed ({'; '.join(r['errors'])[:300]})"
             for r in rows if r["failed"]]
     errs += [f"- {r['engine']} at {r['concurrency']}: {r['not_sent']} not sent (level time limit)"
