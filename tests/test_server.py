@@ -321,8 +321,9 @@ def test_disconnect_mid_stream_frees_the_sequence(server):
     assert m["llamacpp:tokens_predicted_total"] - base["llamacpp:tokens_predicted_total"] < 100
     assert m["pyinfer:context_budget_bytes"] > 0 and m["pyinfer:batch_occupancy"] == 0
 
-    # A client that gives up on a whole (not streamed) completion cancels it too.
-    body["stream"] = False
+    # A client that gives up on a whole (not streamed) completion cancels it too. The reply
+    # cannot end early (end-of-turn tokens banned) and runs far past the client's 1 s.
+    body.update(stream=False, max_tokens=2000, logit_bias={"0": -100, "2": -100})
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
                    timeout=httpx.Timeout(10, read=1.0))
