@@ -55,8 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import numpy as np
 
 from pyinfer.errors import OverloadedError, ParameterTypeError
-from pyinfer.request import CancelToken, Completion, CompletionChunk, Request
-from pyinfer.sampling import SamplingParams
+from pyinfer.request import CancelToken, Completion, CompletionChunk, Request, prompt_and_params
 
 if TYPE_CHECKING:
     from pyinfer.model import Context, Model
@@ -328,23 +327,9 @@ class Engine:
         t0 = perf_counter() if started is None else started
         if self._closed:
             raise RuntimeError("the engine is closed")
-        ids: Sequence[int] | np.ndarray
-        if isinstance(prompt, str):
-            ids = self.model.tokenize(prompt, add_bos=add_bos, special=special)
-        elif isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, (bytes, bytearray)):
-            ids = cast("Sequence[int] | np.ndarray", prompt)
-        else:
-            raise ParameterTypeError(
-                f"prompt must be a str or a sequence of token ids, not {type(prompt).__name__}"
-            )
-        if sampling.get("logit_bias", ()) is None:
-            del sampling["logit_bias"]
-        try:
-            params = SamplingParams(**sampling)
-        except TypeError as e:
-            if "unexpected keyword" not in str(e):
-                raise
-            raise TypeError(f"submit(): {e}") from None
+        ids, params = prompt_and_params(
+            prompt, lambda text: self.model.tokenize(text, add_bos=add_bos, special=special), sampling, "submit"
+        )
         # The cache holds the prompt and every sampled token but the last; a request that
         # may run past the context gets the whole context and ends there ("length").
         n_prompt = len(ids)

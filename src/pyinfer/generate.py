@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from pyinfer.request import (
     FinishReason,
     Request,
     Timings,
+    prompt_and_params,
 )
 from pyinfer.sampling import SamplingParams
 from pyinfer.tokenizer import Tokenizer
@@ -268,23 +269,9 @@ def model_generate(
     """
     if started is None:
         started = perf_counter()
-    ids: Sequence[int] | np.ndarray
-    if isinstance(prompt, str):
-        ids = model.tokenize(prompt, add_bos=add_bos, special=special)
-    elif isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, (bytes, bytearray)):
-        ids = cast("Sequence[int] | np.ndarray", prompt)  # a str took the branch above
-    else:
-        raise ValueError(
-            f"prompt must be a str or a sequence of token ids, not {type(prompt).__name__}"
-        )
-    if sampling.get("logit_bias", ()) is None:
-        del sampling["logit_bias"]
-    try:
-        params = SamplingParams(**sampling)
-    except TypeError as e:
-        if "unexpected keyword" not in str(e):
-            raise
-        raise TypeError(f"generate(): {e}") from None
+    ids, params = prompt_and_params(
+        prompt, lambda text: model.tokenize(text, add_bos=add_bos, special=special), sampling, "generate"
+    )
     tokenizer = model.tokenizer
     pool = context_pool(model)
     ctx = pool.acquire()

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import operator
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Literal
+from typing import Literal, cast
 
 import numpy as np
 
@@ -143,6 +143,30 @@ class StepResult:
 
 
 # ---- argument checks
+
+
+def prompt_and_params(
+    prompt: object, tokenize: Callable[[str], list[int]], sampling: dict[str, object], caller: str
+) -> tuple[Sequence[int] | np.ndarray, SamplingParams]:
+    """A request's prompt ids (a text tokenized with `tokenize`, or ids as given) and its
+    SamplingParams from the sampling keywords, for the entry points that take both
+    (generate, Engine.submit); an unknown keyword is a TypeError naming `caller`."""
+    ids: Sequence[int] | np.ndarray
+    if isinstance(prompt, str):
+        ids = tokenize(prompt)
+    elif isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, (bytes, bytearray)):
+        ids = cast("Sequence[int] | np.ndarray", prompt)  # a str took the branch above
+    else:
+        raise ParameterTypeError(f"prompt must be a str or a sequence of token ids, not {type(prompt).__name__}")
+    if sampling.get("logit_bias", ()) is None:
+        del sampling["logit_bias"]
+    try:
+        params = SamplingParams(**sampling)  # type: ignore[arg-type]
+    except TypeError as e:
+        if "unexpected keyword" not in str(e):
+            raise
+        raise TypeError(f"{caller}(): {e}") from None
+    return ids, params
 
 
 def _prompt_list(prompt_ids: Sequence[int] | np.ndarray, n_vocab: int) -> list[int]:
