@@ -289,6 +289,12 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
+def _usage_chunk(cid: str, obj: str, created: int, model: str, n_prompt: int, n_out: int) -> dict[str, Any]:
+    """The stream's last chunk when stream_options.include_usage: no choices, the token counts."""
+    return {"id": cid, "object": obj, "created": created, "model": model, "choices": [],
+            "usage": openai_types.usage(n_prompt, n_out)}
+
+
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The HTTP app over `engine` (which it closes on shutdown). api_key: when given, every
@@ -488,8 +494,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         def final() -> list[Any]:
             if not include_usage:
                 return []
-            return [{"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                     "choices": [], "usage": openai_types.usage(len(handle.request.prompt_ids), n_out[0])}]
+            return [_usage_chunk(cid, "text_completion", created, model_name, len(handle.request.prompt_ids), n_out[0])]
 
         return sse_response(stream(handle, events, final))
 
@@ -563,8 +568,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         def final() -> list[Any]:
             if not include_usage:
                 return []
-            return [{"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                     "choices": [], "usage": openai_types.usage(len(handle.request.prompt_ids), n_out[0])}]
+            n_prompt = len(handle.request.prompt_ids)
+            return [_usage_chunk(cid, "chat.completion.chunk", created, model_name, n_prompt, n_out[0])]
 
         return sse_response(stream(handle, events, final))
 
