@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -586,15 +587,22 @@ void sequence_eval_py(Sequence& ctx, py::array ids, py::array logits, bool all_l
   ctx.eval(p_ids, n, p_logits, all_logits, m, n_threads);
 }
 
-// One token for each of len(contexts) sequences in one forward pass: ids int32 [n], logits
-// float32 [n, n_vocab] written in place.
-void batch_decode_py(Batch& batch, const std::vector<Sequence*>& contexts, py::array ids, py::array logits,
-                     const std::string& precision, int n_threads) {
+// One step over len(contexts) sequences: counts int64 [n] tokens each, back to back in ids
+// (int32 [sum(counts)]); logits float32 [n, n_vocab] written in place.
+void batch_step_py(Batch& batch, const std::vector<Sequence*>& contexts, py::array ids, py::array counts,
+                   py::array logits, const std::string& precision, int n_threads) {
   const int64_t n = static_cast<int64_t>(contexts.size());
+  if (counts.ndim() != 1 || !counts.dtype().is(py::dtype::of<int64_t>()) || !(counts.flags() & py::array::c_style) ||
+      counts.shape(0) != n)
+    throw py::value_error("counts must be a 1-D C-contiguous int64 array of one count per context (" +
+                          std::to_string(n) + ")");
+  const auto* p_counts = static_cast<const int64_t*>(counts.data());
+  int64_t total = 0;
+  for (int64_t b = 0; b < n; ++b) total += std::max<int64_t>(p_counts[b], 0);
   if (ids.ndim() != 1 || !ids.dtype().is(py::dtype::of<int32_t>()) || !(ids.flags() & py::array::c_style) ||
-      ids.shape(0) != n)
-    throw py::value_error("ids must be a 1-D C-contiguous int32 array of one id per context (" + std::to_string(n) +
-                          ")");
+      ids.shape(0) != total)
+    throw py::value_error("ids must be a 1-D C-contiguous int32 array of sum(counts) (" + std::to_string(total) +
+                          ") ids");
   const int64_t n_vocab = n > 0 && contexts[0] != nullptr ? contexts[0]->n_vocab() : 0;
   if (!is_c_f32(logits) || !logits.writeable() || logits.ndim() != 2 || logits.shape(0) != n ||
       logits.shape(1) != n_vocab)
@@ -604,7 +612,7 @@ void batch_decode_py(Batch& batch, const std::vector<Sequence*>& contexts, py::a
   const auto* p_ids = static_cast<const int32_t*>(ids.data());
   auto* p_logits = static_cast<float*>(logits.mutable_data());
   py::gil_scoped_release release;
-  batch.decode(contexts.data(), p_ids, n, p_logits, m, n_threads);
+  batch.step(contexts.data(), p_ids, p_counts, n, p_logits, m, n_threads);
 }
 
 }  // namespace
@@ -734,16 +742,20 @@ PYBIND11_MODULE(_C, m) {
            "Run int32 ids (1..n_batch of them) at the next positions; write the logits of every token "
            "(all_logits) or of the last into logits [rows, n_vocab].")
       .def("truncate", &Sequence::truncate, py::arg("n"), "Forget positions >= n.")
+      .def("copy_prefix", &Sequence::copy_prefix, py::arg("src"), py::arg("n"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Hold src's first n positions (an exact copy of its KV cache) and nothing after them.")
       .def_property_readonly("n_past", &Sequence::n_past)
       .def_property_readonly("n_ctx", &Sequence::n_ctx)
       .def_property_readonly("n_batch", &Sequence::n_batch)
       .def_property_readonly("kv_nbytes", [](const Sequence& c) { return c.cache().nbytes(); });
-  py::class_<Batch>(m, "Batch", "Batched decode: one token for each of up to n_seq sequences in one forward pass.")
-      .def(py::init([](const PyModel& model, int64_t n_seq) { return new Batch(model.model, n_seq); }),
-           py::arg("model"), py::arg("n_seq"), py::keep_alive<1, 2>())
-      .def("decode", &batch_decode_py, py::arg("contexts"), py::arg("ids"), py::arg("logits"), py::arg("precision"),
-           py::arg("n_threads"),
-           "Append ids[b] (int32 [n]) to contexts[b] (n distinct sequences of this model, n <= n_seq), every "
-           "weight read once for all of them; write each one's next-token logits into logits [n, n_vocab].")
-      .def_property_readonly("n_seq", &Batch::n_seq);
+  py::class_<Batch>(m, "Batch", "Many sequences in one forward pass: up to n_rows token rows per step, all together.")
+      .def(py::init([](const PyModel& model, int64_t n_rows) { return new Batch(model.model, n_rows); }),
+           py::arg("model"), py::arg("n_rows"), py::keep_alive<1, 2>())
+      .def("step", &batch_step_py, py::arg("contexts"), py::arg("ids"), py::arg("counts"), py::arg("logits"),
+           py::arg("precision"), py::arg("n_threads"),
+           "Append counts[b] (int64 [n]) of the ids (int32, back to back) to contexts[b] (n distinct sequences "
+           "of this model), every weight read once for all of them; write each one's next-token logits into "
+           "logits [n, n_vocab].")
+      .def_property_readonly("n_rows", &Batch::n_rows);
 }

@@ -1,5 +1,7 @@
-"""Batched decode (Model.decode_batch): each row equals its sequence's own single step, at
-different positions, and bad batches fail before any context changes."""
+"""Batched steps (Model.decode_batch, Batch.step): each sequence's row equals its own
+evaluation alone, at different positions, with decode rows and prompt chunks mixed in one
+step; a copied prefix (Context.copy_prefix) is the cache evaluating it would have made; bad
+batches fail before any context changes."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import numpy as np
 import pytest
 
 from pyinfer import _C
-from pyinfer.model import Model
+from pyinfer.model import Batch, Model
 
 # Prompts of different lengths, so the sequences of a batch sit at different positions.
 PROMPTS = [[1, 504, 3458, 282], [1, 1670, 314], [1, 2056, 1345, 17, 2800, 42, 9], [1], [1, 88, 12, 450, 33]]
@@ -114,19 +116,87 @@ def test_bad_batches(fast, default_model):
 
 def test_native_batch_capacity_and_checks(fast, default_model):
     batch = _C.Batch(fast._native, 2)
-    assert batch.n_seq == 2
+    assert batch.n_rows == 2
     cs = [fast.context() for _ in range(3)]
     logits = np.empty((3, fast.n_vocab), np.float32)
-    with pytest.raises(ValueError, match="1 to n_seq"):
-        batch.decode([c._ctx for c in cs], np.array([1, 2, 3], np.int32), logits, "fast", 1)
+    ones = np.ones(3, np.int64)
+    with pytest.raises(ValueError, match="1 to n_rows \\(2\\) sequences"):
+        batch.step([c._ctx for c in cs], np.array([1, 2, 3], np.int32), ones, logits, "fast", 1)
+    with pytest.raises(ValueError, match="needs >= 1"):
+        batch.step([cs[0]._ctx], np.array([], np.int32), np.zeros(1, np.int64), logits[:1], "fast", 1)
+    with pytest.raises(ValueError, match="sum"):
+        batch.step([cs[0]._ctx], np.array([1], np.int32), np.array([2], np.int64), logits[:1], "fast", 1)
     other = Model.load(default_model, n_ctx=16)
     with pytest.raises(ValueError, match="another model"):
-        batch.decode([cs[0]._ctx, other.context()._ctx], np.array([1, 2], np.int32), logits[:2], "fast", 1)
+        batch.step([cs[0]._ctx, other.context()._ctx], np.array([1, 2], np.int32), ones[:2], logits[:2], "fast", 1)
     with pytest.raises(ValueError, match="logits"):
-        batch.decode([cs[0]._ctx], np.array([1], np.int32), logits[:2], "fast", 1)
-    with pytest.raises(ValueError, match="n_seq must be"):
+        batch.step([cs[0]._ctx], np.array([1], np.int32), ones[:1], logits[:2], "fast", 1)
+    with pytest.raises(ValueError, match="n_rows must be"):
         _C.Batch(fast._native, 0)
     assert all(c.n_past == 0 for c in cs)
+
+
+@pytest.mark.parametrize("precision", ["fast", "exact"])
+def test_mixed_step_rows_equal_each_sequence_alone(default_model, precision):
+    """Decode rows and prompt chunks of different lengths in one forward pass: each row is its
+    sequence's own evaluation (bit for bit on the fast path; float rounding on the exact)."""
+    model = Model.load(default_model, precision=precision, n_ctx=64)
+    batch = Batch(model, 24)
+    mixed, alone = contexts(model, PROMPTS), contexts(model, PROMPTS)
+    tokens = [[7], [300, 301, 302, 303, 304, 305, 306, 307, 308], [11], [4000, 4001, 17], [90]]
+    got = batch.step(mixed, tokens)
+    want = np.stack([c.eval(t) for c, t in zip(alone, tokens)])
+    if precision == "fast":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-3)
+    assert [c.n_past for c in mixed] == [c.n_past for c in alone]
+    # The caches match too: the next single steps agree.
+    for a, b in zip(mixed, alone):
+        np.testing.assert_allclose(a.eval([5]), b.eval([5]), rtol=0, atol=0 if precision == "fast" else 1e-3)
+    with pytest.raises(ValueError, match="more than n_rows"):
+        batch.step(mixed[:2], [[1] * 20, [2] * 5])
+    with pytest.raises(ValueError, match="tokens\\[1\\] must be a non-empty"):
+        batch.step(mixed[:2], [[1], []])
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 40])
+def test_copied_prefix_is_the_evaluated_one(default_model, kv_dtype, n):
+    """A context holding a copy of another's first n positions continues exactly as one that
+    evaluated them itself, whatever the source holds past n (a source with a complete key
+    block at n, or a partial one) and whatever the sizes of the two contexts."""
+    model = Model.load(default_model, precision="fast", n_ctx=64, kv_dtype=kv_dtype)
+    rng = np.random.default_rng(n)
+    ids = rng.integers(1, model.n_vocab, 48).tolist()
+    src = model.context()
+    src.eval(ids)
+    dst = model.context(n_ctx=48)
+    dst.eval([5, 6, 7])  # stale contents, dropped by the copy
+    dst.copy_prefix(src, n)
+    assert dst.n_past == n
+    fresh = model.context(n_ctx=48)
+    rest = ids[n:n + 5] if n < len(ids) else [3]
+    if n:
+        fresh.eval(ids[:n])
+    np.testing.assert_array_equal(dst.eval(rest, all_logits=True), fresh.eval(rest, all_logits=True))
+    # A copy from itself is a truncation.
+    src.copy_prefix(src, n)
+    assert src.n_past == n
+
+
+def test_copy_prefix_refuses_what_does_not_fit(fast, default_model):
+    src, dst = fast.context(), fast.context(n_ctx=8)
+    src.eval(list(range(1, 11)))
+    with pytest.raises(ValueError, match="the source holds 10"):
+        dst.copy_prefix(src, 11)
+    with pytest.raises(ValueError, match="room for 8"):
+        dst.copy_prefix(src, 9)
+    with pytest.raises(ValueError, match="non-negative"):
+        dst.copy_prefix(src, -1)
+    with pytest.raises(ValueError, match="same model"):
+        dst.copy_prefix(Model.load(default_model, n_ctx=16).context(), 1)
+    assert dst.n_past == 0 and src.n_past == 10
 
 
 def test_batch_threads_give_the_same_bits(default_model):

@@ -263,51 +263,77 @@ void Sequence::eval(const int32_t* ids, int64_t n, float* logits, bool all_logit
   n_past_ += n;
 }
 
-Batch::Batch(std::shared_ptr<const Model> model, int64_t n_seq)
-    : model_(std::move(model)),
-      n_seq_(n_seq),
-      scratch_(model_->dims(), n_seq >= 1 ? n_seq : throw std::invalid_argument("n_seq must be >= 1")) {}
+void Sequence::copy_prefix(Sequence& src, int64_t n) {
+  std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
+  if (!lock.owns_lock()) throw std::runtime_error("this context is in use by another thread");
+  std::unique_lock<std::mutex> src_lock;
+  if (&src != this) {
+    src_lock = std::unique_lock<std::mutex>(src.busy_, std::try_to_lock);
+    if (!src_lock.owns_lock()) throw std::runtime_error("the source context is in use by another thread");
+  }
+  if (src.model_.get() != model_.get()) throw std::invalid_argument("the source context belongs to another model");
+  if (n < 0 || n > src.n_past_ || n > n_ctx_)
+    throw std::invalid_argument("cannot copy " + std::to_string(n) + " positions: the source holds " +
+                                std::to_string(src.n_past_) + ", this context has room for " + std::to_string(n_ctx_));
+  cache_.copy_prefix(src.cache_, n);
+  n_past_ = n;
+}
 
-void Batch::decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* logits, Precision precision,
-                   int n_threads) {
+Batch::Batch(std::shared_ptr<const Model> model, int64_t n_rows)
+    : model_(std::move(model)),
+      n_rows_(n_rows),
+      scratch_(model_->dims(), n_rows >= 1 ? n_rows : throw std::invalid_argument("n_rows must be >= 1")) {}
+
+void Batch::step(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* logits,
+                 Precision precision, int n_threads) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
   if (!lock.owns_lock()) throw std::runtime_error("this batch is in use by another thread");
-  if (n < 1 || n > n_seq_)
-    throw std::invalid_argument("decode takes 1 to n_seq (" + std::to_string(n_seq_) + ") sequences, got " +
+  if (n < 1 || n > n_rows_)
+    throw std::invalid_argument("a step takes 1 to n_rows (" + std::to_string(n_rows_) + ") sequences, got " +
                                 std::to_string(n));
   const int64_t n_vocab = model_->dims().n_vocab;
+  int64_t rows = 0;
   for (int64_t b = 0; b < n; ++b) {
     const Sequence* seq = seqs[b];
-    if (seq == nullptr) throw std::invalid_argument("context " + std::to_string(b) + " is None");
-    if (seq->model_.get() != model_.get())
-      throw std::invalid_argument("context " + std::to_string(b) + " belongs to another model");
+    const std::string which = "context " + std::to_string(b);
+    if (seq == nullptr) throw std::invalid_argument(which + " is None");
+    if (seq->model_.get() != model_.get()) throw std::invalid_argument(which + " belongs to another model");
     for (int64_t j = 0; j < b; ++j)
       if (seqs[j] == seq)
-        throw std::invalid_argument("context " + std::to_string(b) + " is also context " + std::to_string(j) +
-                                    ": each sequence takes one token per step");
-    if (ids[b] < 0 || ids[b] >= n_vocab)
-      throw std::invalid_argument("token id " + std::to_string(ids[b]) + " for context " + std::to_string(b) +
-                                  " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+        throw std::invalid_argument(which + " is also context " + std::to_string(j) +
+                                    ": each sequence appears once per step");
+    if (counts[b] < 1 || counts[b] > n_rows_ - rows)
+      throw std::invalid_argument(which + " has " + std::to_string(counts[b]) + " tokens: each needs >= 1, and " +
+                                  "the step holds n_rows = " + std::to_string(n_rows_) + " in all");
+    for (int64_t i = rows; i < rows + counts[b]; ++i)
+      if (ids[i] < 0 || ids[i] >= n_vocab)
+        throw std::invalid_argument("token id " + std::to_string(ids[i]) + " for " + which +
+                                    " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+    rows += counts[b];
   }
   std::vector<std::unique_lock<std::mutex>> locks;
   locks.reserve(static_cast<size_t>(n));
   std::vector<Segment> segs;
   std::vector<int64_t> out_rows;
+  int64_t row = 0;
   for (int64_t b = 0; b < n; ++b) {
     Sequence& seq = *seqs[b];
     locks.emplace_back(seq.busy_, std::try_to_lock);
     if (!locks.back().owns_lock())
       throw std::runtime_error("context " + std::to_string(b) + " is in use by another thread");
-    if (seq.n_past_ + 1 > seq.n_ctx_)
-      throw std::invalid_argument("context " + std::to_string(b) + " is full: " + std::to_string(seq.n_past_) +
-                                  " + 1 tokens exceed n_ctx " + std::to_string(seq.n_ctx_));
-    scratch_.ids[b] = ids[b];
-    scratch_.pos[b] = seq.n_past_;
-    segs.push_back(Segment{&seq.cache_, b, 1, seq.n_past_});
-    out_rows.push_back(b);
+    if (seq.n_past_ + counts[b] > seq.n_ctx_)
+      throw std::invalid_argument("context " + std::to_string(b) + " is full: " + std::to_string(seq.n_past_) + " + " +
+                                  std::to_string(counts[b]) + " tokens exceed n_ctx " + std::to_string(seq.n_ctx_));
+    for (int64_t i = 0; i < counts[b]; ++i) {
+      scratch_.ids[row + i] = ids[row + i];
+      scratch_.pos[row + i] = seq.n_past_ + i;
+    }
+    segs.push_back(Segment{&seq.cache_, row, counts[b], seq.n_past_});
+    row += counts[b];
+    out_rows.push_back(row - 1);
   }
-  model_->forward(segs, n, scratch_, out_rows.data(), n, logits, precision, n_threads);
-  for (int64_t b = 0; b < n; ++b) seqs[b]->n_past_ += 1;
+  model_->forward(segs, rows, scratch_, out_rows.data(), n, logits, precision, n_threads);
+  for (int64_t b = 0; b < n; ++b) seqs[b]->n_past_ += counts[b];
 }
 
 }  // namespace pyinfer

@@ -156,6 +156,10 @@ class Sequence {
   int64_t n_vocab() const { return model_->dims().n_vocab; }
   // Forget positions >= n (0 clears the sequence).
   void truncate(int64_t n);
+  // Hold the first n positions of src (a sequence of the same model and KV type, with
+  // n <= src.n_past() and n <= n_ctx()) and nothing after them, as if they had been evaluated
+  // here: bit for bit the same cache. src may be this sequence (a truncation).
+  void copy_prefix(Sequence& src, int64_t n);
   const KVCache& cache() const { return cache_; }
   const std::shared_ptr<const Model>& model() const { return model_; }
 
@@ -169,26 +173,30 @@ class Sequence {
   Scratch scratch_;  // n_batch rows
 };
 
-// Batched decode: one token for each of up to n_seq sequences (of one model, each at its own
-// position) in one forward pass, so every weight is read once per step for all of them;
-// attention stays per sequence.
+// Many sequences (of one model, each at its own position) in one forward pass, so every weight
+// is read once per step for all of them; attention stays per sequence. A step gives each
+// sequence any number of tokens: one for those decoding, a chunk of the prompt for those
+// prefilling.
 class Batch {
  public:
-  Batch(std::shared_ptr<const Model> model, int64_t n_seq);
+  // n_rows: the most token rows one step holds (all sequences together).
+  Batch(std::shared_ptr<const Model> model, int64_t n_rows);
 
-  // Appends ids[b] to seqs[b] (b < n, 1 <= n <= n_seq, sequences distinct and of this model)
-  // and writes its next-token logits to logits[b][n_vocab]. Throws std::invalid_argument (bad
-  // id, full sequence, repeated or foreign sequence) before changing any state, and
-  // std::runtime_error if a sequence is in use by another thread. The result of each row is
-  // that of seqs[b]->eval(&ids[b], 1, ...) alone, bit for bit in fast mode; exact mode may
-  // differ in float rounding (its kernels block over rows).
-  void decode(Sequence* const* seqs, const int32_t* ids, int64_t n, float* logits, Precision precision, int n_threads);
+  // Appends counts[b] >= 1 tokens to seqs[b] (b < n; the sequences' tokens back to back in
+  // ids, sum(counts) <= n_rows; sequences distinct and of this model) and writes the
+  // next-token logits after each one's last token to logits[b][n_vocab]. Throws
+  // std::invalid_argument (bad id or count, no room, repeated or foreign sequence) before
+  // changing any state, and std::runtime_error if a sequence is in use by another thread.
+  // Each sequence's result is that of seqs[b]->eval(its tokens) alone, bit for bit in fast
+  // mode; exact mode may differ in float rounding (its kernels block over rows).
+  void step(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* logits,
+            Precision precision, int n_threads);
 
-  int64_t n_seq() const { return n_seq_; }
+  int64_t n_rows() const { return n_rows_; }
 
  private:
   std::shared_ptr<const Model> model_;
-  int64_t n_seq_;
+  int64_t n_rows_;
   std::mutex busy_;
   Scratch scratch_;
 };

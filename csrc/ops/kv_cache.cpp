@@ -145,4 +145,41 @@ void KVCache::copy_keys(int64_t layer, void* dst) const {
   }
 }
 
+void KVCache::copy_prefix(const KVCache& src, int64_t n) {
+  if (src.n_layer_ != n_layer_ || src.n_head_kv_ != n_head_kv_ || src.head_dim_ != head_dim_ || src.type_ != type_)
+    throw std::invalid_argument("copy_prefix: the source cache has another shape or element type");
+  if (n < 0 || n > n_ctx_)
+    throw std::invalid_argument("copy_prefix: " + str(n) + " positions do not fit n_ctx=" + str(n_ctx_));
+  for (int64_t il = 0; il < n_layer_; ++il)
+    if (src.n_pos(il) < n)
+      throw std::invalid_argument("copy_prefix: layer " + str(il) + " of the source holds " + str(src.n_pos(il)) +
+                                  " positions, fewer than " + str(n));
+  if (&src == this) return;  // the positions are there; the sequence forgets the later ones
+  const size_t es = elem_size();
+  const int64_t full = n / kKeyBlock, rest = n % kKeyBlock, block_elems = head_dim_ * kKeyBlock;
+  for (int64_t il = 0; il < n_layer_; ++il) {
+    // The source's block `full` is row-major while it is its partial block, else complete
+    // (transposed); here it becomes this cache's partial block, row-major.
+    const bool src_rows = full >= src.n_pos_[static_cast<size_t>(il)] / kKeyBlock;
+    for (int64_t h = 0; h < n_head_kv_; ++h) {
+      const uint8_t* sk = src.k_.get() + src.k_offset(il, h);
+      uint8_t* dk = k_.get() + k_offset(il, h);
+      std::memcpy(v_.get() + v_offset(il, h), src.v_.get() + src.v_offset(il, h),
+                  static_cast<size_t>(n * head_dim_) * es);
+      std::memcpy(dk, sk, static_cast<size_t>(full * block_elems) * es);
+      const uint8_t* sb = sk + static_cast<size_t>(full * block_elems) * es;
+      uint8_t* db = dk + static_cast<size_t>(full * block_elems) * es;
+      if (src_rows) {
+        std::memcpy(db, sb, static_cast<size_t>(rest * head_dim_) * es);
+        continue;
+      }
+      for (int64_t r = 0; r < rest; ++r)
+        for (int64_t d = 0; d < head_dim_; ++d)
+          std::memcpy(db + static_cast<size_t>(r * head_dim_ + d) * es,
+                      sb + static_cast<size_t>(d * kKeyBlock + r) * es, es);
+    }
+  }
+  n_pos_.assign(n_pos_.size(), n);
+}
+
 }  // namespace pyinfer

@@ -46,6 +46,12 @@ class KVCache {
   // type (positions from n_pos(layer) on hold whatever their storage holds).
   void copy_keys(int64_t layer, void* dst) const;
 
+  // Every layer holds the first n positions of src's (a cache of the same shape and type,
+  // of any n_ctx >= n, holding at least n positions in every layer), and no more: a shared
+  // prompt prefix computed once serves another sequence. The copy is exact. src may be this
+  // cache (nothing moves: the owner forgets positions >= n, as for a truncation).
+  void copy_prefix(const KVCache& src, int64_t n);
+
   int64_t n_pos(int64_t layer) const;
   void clear();  // every layer back to 0 positions (the data stays until overwritten)
 

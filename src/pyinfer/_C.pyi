@@ -221,18 +221,23 @@ class Sequence:
     def truncate(self, n: int) -> None:
         """Forget positions >= n."""
 
+    def copy_prefix(self, src: Sequence, n: int) -> None:
+        """Hold src's first n positions (an exact copy of its KV cache: n <= src.n_past and
+        n <= n_ctx) and nothing after them; src may be this sequence."""
+
 class Batch:
-    """Batched decode: one token for each of up to n_seq sequences in one forward pass."""
+    """Many sequences in one forward pass: up to n_rows token rows per step, all together."""
 
-    n_seq: int
+    n_rows: int
 
-    def __init__(self, model: Model, n_seq: int) -> None:
-        """Scratch for steps of up to n_seq sequences of the model."""
+    def __init__(self, model: Model, n_rows: int) -> None:
+        """Scratch for steps of up to n_rows token rows of the model."""
 
-    def decode(self, contexts: list[Sequence], ids: npt.NDArray[np.int32], logits: npt.NDArray[np.float32],
-               precision: str, n_threads: int) -> None:
-        """Append ids[b] (int32 [n]) to contexts[b] (n distinct contexts of this model, n <= n_seq),
-        every weight read once for all of them; write each one's next-token logits into
-        logits [n, n_vocab]. Each row is what contexts[b].eval would give alone (bit for bit
-        in fast mode). Raises ValueError (bad id, full or repeated context) before changing any
-        state, RuntimeError if a context is in use by another thread."""
+    def step(self, contexts: list[Sequence], ids: npt.NDArray[np.int32], counts: npt.NDArray[np.int64],
+             logits: npt.NDArray[np.float32], precision: str, n_threads: int) -> None:
+        """Append counts[b] of the ids (int32, the contexts' tokens back to back) to contexts[b]
+        (n distinct contexts of this model, sum(counts) <= n_rows), every weight read once for
+        all of them; write each one's next-token logits into logits [n, n_vocab]. Each row is
+        what contexts[b].eval of its tokens would give alone (bit for bit in fast mode). Raises
+        ValueError (bad id or count, full or repeated context) before changing any state,
+        RuntimeError if a context is in use by another thread."""

@@ -9,7 +9,7 @@ from pyinfer.engine import Engine, RequestHandle
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, GGUFError, OverloadedError
 from pyinfer.generate import CancelToken, Completion, CompletionChunk, Timings
 from pyinfer.llama_compat import Llama
-from pyinfer.model import Context, Model
+from pyinfer.model import Batch, Context, Model
 from pyinfer.sampling import SamplingParams
 from pyinfer.tokenizer import Tokenizer
 
@@ -26,6 +26,7 @@ def cpu_info() -> dict:
 
 
 __all__ = [
+    "Batch",
     "CancelToken",
     "ChatTemplate",
     "ChatTemplateError",

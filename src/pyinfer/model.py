@@ -40,6 +40,12 @@ def _check_positive_int(name: str, value: object) -> int:
     return int(value)
 
 
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
 def available_memory() -> int | None:
     """Bytes of memory available to allocate now (MemAvailable), or None where unknown."""
     try:
@@ -119,9 +125,66 @@ class Context:
         """Empty the sequence."""
         self._ctx.truncate(0)
 
+    def copy_prefix(self, src: Context, n: int) -> None:
+        """Hold the first n positions of src (a context of the same model, n <= src.n_past and
+        n <= n_ctx) and nothing after them: an exact copy of its KV cache, so a prompt prefix
+        evaluated once serves another sequence. src may be this context (a truncation)."""
+        if not isinstance(src, Context) or src.model is not self.model:
+            raise ValueError("copy_prefix needs a context of the same model")
+        self._ctx.copy_prefix(src._ctx, _check_count("n", n))
+
     @property
     def kv_nbytes(self) -> int:
         return self._ctx.kv_nbytes
+
+
+class Batch:
+    """Steps of many contexts of one model in one forward pass each: every weight is read once
+    per step for all of them, and each context takes any number of tokens (one for a
+    sequence decoding, a chunk of the prompt for one prefilling), up to n_rows in all. One
+    step at a time (a concurrent call raises RuntimeError)."""
+
+    def __init__(self, model: Model, n_rows: int) -> None:
+        self.model = model
+        self.n_rows = _check_positive_int("n_rows", n_rows)
+        self._batch = _C.Batch(model._native, self.n_rows)
+
+    @property
+    def nbytes(self) -> int:
+        """The forward-pass scratch it holds."""
+        return self.n_rows * self.model._row_nbytes()
+
+    def step(self, contexts: Sequence[Context], tokens: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
+        """Append tokens[b] (a non-empty sequence of ids) to contexts[b] at its own positions.
+        Returns the next-token logits after each one's last token, [B, n_vocab]: row b is what
+        contexts[b].eval(tokens[b]) returns (bit for bit with precision="fast"). Contexts must
+        be distinct contexts of this model with room for their tokens; on any error
+        (ValueError: bad id or count, full or repeated context; RuntimeError: a context in
+        use by another thread) no context changes."""
+        m = self.model
+        ctxs = list(contexts)
+        if not ctxs:
+            raise ValueError("a step needs at least one context")
+        if len(tokens) != len(ctxs):
+            raise ValueError(f"{len(ctxs)} contexts but {len(tokens)} token lists: one per context")
+        for i, c in enumerate(ctxs):
+            if not isinstance(c, Context) or c.model is not m:
+                raise ValueError(f"contexts[{i}] is not a context of this model")
+        parts = [np.asarray(t) for t in tokens]
+        for i, a in enumerate(parts):
+            if a.ndim != 1 or a.size == 0 or not np.issubdtype(a.dtype, np.integer):
+                raise ValueError(f"tokens[{i}] must be a non-empty 1-D sequence of integers")
+        counts = np.array([a.size for a in parts], np.int64)
+        if int(counts.sum()) > self.n_rows:
+            raise ValueError(f"the step has {int(counts.sum())} tokens, more than n_rows = {self.n_rows}")
+        ids = np.concatenate(parts)
+        if ids.min() < 0 or ids.max() >= m.n_vocab:
+            bad = int(ids[(ids < 0) | (ids >= m.n_vocab)][0])
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {m.n_vocab})")
+        out = np.empty((len(ctxs), m.n_vocab), np.float32)
+        self._batch.step([c._ctx for c in ctxs], np.ascontiguousarray(ids, np.int32), counts, out,
+                         m.precision, m.n_threads)
+        return out
 
 
 class Model:
@@ -162,9 +225,9 @@ class Model:
             tensors[name] = (reader.tensor(name), int(t.type), t.n_elements // t.shape[0], t.shape[0])
         self._native = _C.Model(self.config.architecture, self.config.params(), tensors, bool(repack))
         self._chat_template: ChatTemplate | None = None
-        # Compute scratch of decode_batch (activations for n_seq rows, no sequence state),
-        # grown to the largest batch seen; one step at a time.
-        self._batch: Any = None
+        # Compute scratch of decode_batch (activations for B rows, no sequence state), grown
+        # to the largest batch seen; one step at a time.
+        self._batch: Batch | None = None
         self._batch_lock = threading.Lock()
 
     @classmethod
@@ -200,9 +263,13 @@ class Model:
         cache and its forward-pass scratch."""
         c = self.config
         kv = 2 * c.n_layer * c.n_head_kv * c.head_dim * n_ctx * (4 if self.kv_dtype == "float32" else 2)
+        return kv + n_batch * self._row_nbytes()
+
+    def _row_nbytes(self) -> int:
+        """Forward-pass scratch per token row (the C++ Scratch's buffers)."""
+        c = self.config
         q, kvd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
-        row = 4 * (2 * c.n_embd + q + 2 * kvd + q + 3 * c.n_ff + c.head_dim) + 16
-        return kv + n_batch * row
+        return 4 * (2 * c.n_embd + q + 2 * kvd + q + 3 * c.n_ff + c.head_dim) + 16
 
     def context(self, n_ctx: int | None = None, *, n_batch: int | None = None) -> Context:
         """A new sequence with its own KV cache. n_batch (tokens per forward call) is capped at
@@ -227,27 +294,18 @@ class Model:
         equal to what contexts[b].eval([ids[b]]) would return (bit for bit with
         precision="fast"). Contexts must be distinct contexts of this model with room for one
         more token; on any error (ValueError: bad id, full or repeated context; RuntimeError:
-        a context in use by another thread) no context changes."""
-        ctxs = list(contexts)
-        n = len(ctxs)
+        a context in use by another thread) no context changes. (Batch steps contexts by any
+        number of tokens each.)"""
+        n = len(contexts)
         if n == 0:
             raise ValueError("decode_batch needs at least one context")
-        for i, c in enumerate(ctxs):
-            if not isinstance(c, Context) or c.model is not self:
-                raise ValueError(f"contexts[{i}] is not a context of this model")
         a = np.asarray(ids)
         if a.shape != (n,) or not np.issubdtype(a.dtype, np.integer):
             raise ValueError(f"ids must be {n} integers, one per context")
-        if n and (a.min() < 0 or a.max() >= self.n_vocab):
-            bad = int(a[(a < 0) | (a >= self.n_vocab)][0])
-            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
-        a = np.ascontiguousarray(a, dtype=np.int32)
-        out = np.empty((n, self.n_vocab), np.float32)
         with self._batch_lock:
-            if self._batch is None or self._batch.n_seq < n:
-                self._batch = _C.Batch(self._native, max(n, 8))
-            self._batch.decode([c._ctx for c in ctxs], a, out, self.precision, self.n_threads)
-        return out
+            if self._batch is None or self._batch.n_rows < n:
+                self._batch = Batch(self, max(n, 8))
+            return self._batch.step(contexts, a.reshape(n, 1))
 
     # -- tokens --
 
