@@ -1,6 +1,7 @@
-"""The serving engine: batched requests give the bits they give alone, cancellation frees
-their memory within a step, admission waits for memory (a context counted whole: KV cache and
-scratch) and overload is refused."""
+"""The serving engine: requests give the bits they give alone, whatever runs beside them,
+however their prompts are chunked and whether their prefix comes from the cache; cancellation
+frees their memory within a step, admission waits for memory (a context's KV cache) and
+overload is refused."""
 
 from __future__ import annotations
 
@@ -132,22 +133,23 @@ def test_admission_waits_for_memory_and_a_full_queue_is_refused(model):
             e.submit(PROMPTS[0], max_tokens=None)
 
 
-def test_a_reservation_counts_the_context_scratch_not_only_its_kv_cache(model):
-    probe = Engine(model)
+def test_a_reservation_is_the_kv_cache_and_the_step_scratch_is_shared(model):
+    probe = Engine(model, max_batch=4, token_budget=64)
     need = probe.context_bytes_for(256)
+    scratch = probe.stats().batch_scratch_bytes
     probe.close()
-    kv = model.context(256, n_batch=256).kv_nbytes
-    assert need == model.context_nbytes(256, 256) > kv  # the scratch is counted
-    # Room for the KV caches of two short requests, not for two whole contexts.
-    with Engine(model, kv_budget_bytes=need + kv, max_queue=4) as e:
-        assert need + kv < 2 * need
+    kv = model.context(256, n_batch=1).kv_nbytes
+    assert need == model.context_nbytes(256, 1) and kv < need < kv + kv // 100
+    assert scratch == model.context_nbytes(256, 68) - model.context_nbytes(256, 0)  # 4 + 64 rows
+    # Room for one short request and a half: the second waits for the first's context.
+    with Engine(model, kv_budget_bytes=need + need // 2, max_queue=4) as e:
         a = e.submit(PROMPTS[0], max_tokens=200, temperature=0)
         next(a)
         b = e.submit(PROMPTS[3], max_tokens=5, temperature=0)
         time.sleep(0.2)  # several scheduler steps: b stays queued
         st = e.stats()
         assert st.running == 1 and st.waiting == 1
-        assert st.context_bytes_in_use == need and st.context_budget_bytes == need + kv
+        assert st.context_bytes_in_use == need and st.context_budget_bytes == need + need // 2
         a.cancel()
         assert b.result(60).finish_reason == "length"
         st = e.stats()
@@ -182,3 +184,97 @@ def test_close_ends_running_and_waiting_requests(model):
     e.close(30)
     assert a.result(5).finish_reason == "cancelled" and b.result(5).finish_reason == "cancelled"
     assert not e._thread.is_alive()
+
+
+SYSTEM = (
+    "You are the help desk of a small public library. Answer in one short sentence, politely, and "
+    "say so when you do not know. Opening hours are nine to five on weekdays and ten to two on "
+    "Saturdays; the library is closed on Sundays. Question: "
+)
+QUESTIONS = [
+    "When do you open on Saturday?", "Can I renew a book by phone?", "Do you have a printer?",
+    "Is there parking?", "Are you open on Sunday?", "Can children get a card?", "Do you sell coffee?",
+    "Where are the maps?", "How many books may I borrow?", "Is there wifi?", "Can I book a room?",
+    "Do you have audiobooks?", "What is the late fee?", "Can I donate books?", "Is the building accessible?",
+    "Do you run reading groups?",
+]
+
+
+def test_32_requests_alone_and_together_with_prefixes_give_the_same_bits(default_model):
+    """Half the prompts share a long system prompt: together (32 at once, prompts in chunks of
+    16, prefixes taken from the cache, two threads) they give the tokens and log-probabilities
+    each gives alone (no prefix cache, one thread)."""
+    prompts = [SYSTEM + q for q in QUESTIONS] + PROMPTS + [p + " and then" for p in PROMPTS[:6]]
+    assert len(prompts) == 32
+    kw = {"max_tokens": 6, "temperature": 0.6, "logprobs": 2}
+    one = Model.load(default_model, n_ctx=512, n_threads=1)
+    with Engine(one, max_batch=1, prefix_cache=False) as e:
+        alone = [e.submit(p, seed=7 + i, **kw).result(60) for i, p in enumerate(prompts)]
+    two = Model.load(default_model, n_ctx=512, n_threads=2)
+    with Engine(two, max_batch=32, token_budget=16) as e:
+        e.submit(SYSTEM, max_tokens=1, temperature=0).result(60)  # the shared prefix, cached
+        handles = [e.submit(p, seed=7 + i, **kw) for i, p in enumerate(prompts)]
+        together = [h.result(60) for h in handles]
+        st = e.stats()
+    assert outputs(together) == outputs(alone)
+    assert all(c.timings.cached_tokens == 0 for c in alone)
+    hits = [c.timings.cached_tokens for c in together[:16]]
+    assert min(hits) >= len(one.tokenize(SYSTEM)) - 16 and st.cached_tokens_total >= sum(hits)
+    assert all(c.timings.prompt_tokens + c.timings.cached_tokens == c.prompt_tokens for c in together)
+
+
+def test_a_needle_gives_the_same_bits_at_any_place_in_batches_of_any_size(model):
+    rng = np.random.default_rng(5)
+    needle = "Write a short poem about a lighthouse keeper and"
+    kw = {"max_tokens": 8, "temperature": 0.6, "logprobs": 3, "seed": 42}
+    want = model.generate(needle, **kw)
+    for _ in range(3):
+        size = int(rng.integers(2, 12))
+        at = int(rng.integers(0, size))
+        with Engine(model, max_batch=16, token_budget=int(rng.integers(4, 40))) as e:
+            handles = []
+            for i in range(size):
+                p = needle if i == at else PROMPTS[int(rng.integers(len(PROMPTS)))]
+                handles.append(e.submit(p, **kw) if i == at else e.submit(p, max_tokens=int(rng.integers(1, 12))))
+            got = [h.result(60) for h in handles][at]
+        assert outputs([got]) == outputs([want]), (size, at)
+
+
+def test_a_conversation_reuses_its_previous_turn(model):
+    """The second turn of a chat starts from the first turn's cache (an idle context) and the
+    third from the second's while a fourth request runs beside it; the replies are the ones
+    evaluated from scratch."""
+    turns = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Is there parking?"}]]
+    with Engine(model, prefix_cache=False) as e:
+        cold = [e.chat(turns[0], max_tokens=12, temperature=0).result(60)]
+    with Engine(model) as e:
+        warm = [e.chat(turns[0], max_tokens=12, temperature=0).result(60)]
+        second = [*turns[0], {"role": "assistant", "content": warm[0].text}, {"role": "user", "content": "Thanks!"}]
+        warm.append(e.chat(second, max_tokens=12, temperature=0).result(60))
+        st = e.stats()
+    with Engine(model, prefix_cache=False) as e:
+        cold.append(e.chat(second, max_tokens=12, temperature=0).result(60))
+    assert outputs(warm) == outputs(cold)
+    n_first = len(model.chat_template.encode(model.tokenizer, turns[0], add_generation_prompt=True))
+    assert warm[0].timings.cached_tokens == 0
+    assert warm[1].timings.cached_tokens >= (n_first // 16) * 16 > 0
+    assert st.prefix_hits == 1 and st.cached_tokens_total == warm[1].timings.cached_tokens
+
+
+def test_a_running_sequence_lends_its_prefix(model):
+    long_prompt = SYSTEM + "Tell me everything about the library."
+    with Engine(model) as e:
+        a = e.submit(long_prompt, max_tokens=200, temperature=0)
+        next(a)  # a is decoding: its prompt is in its cache
+        b = e.submit(SYSTEM + "Is there wifi?", max_tokens=5, temperature=0.6, seed=3).result(60)
+        a.cancel()
+    assert b.timings.cached_tokens >= 32
+    assert outputs([b]) == outputs([model.generate(SYSTEM + "Is there wifi?", max_tokens=5, temperature=0.6, seed=3)])
+
+
+def test_first_sample_and_cache_timings(model):
+    with Engine(model) as e:
+        c = e.submit(PROMPTS[1], max_tokens=4, temperature=0).result(60)
+    t = c.timings
+    assert 0 < t.first_sample_s <= t.sample_s and t.ttft_s is not None and t.ttft_s >= t.first_sample_s
+    assert t.cached_tokens == 0 and t.prompt_tokens == c.prompt_tokens

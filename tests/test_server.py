@@ -167,6 +167,24 @@ def test_alternatives_that_decode_alike_are_kept_in_the_chat_shape_and_merged_in
     assert legacy["top_logprobs"][1] == {"": -3.5}  # logprobs=0: the sampled token's own
 
 
+def test_a_shared_system_prompt_comes_from_the_prefix_cache(client, server, model):
+    system = ("You answer questions about the solar system in one short sentence, for children, and say "
+              "when you are not sure. Use simple words. Never use more than twenty words in an answer.")
+    base = metrics(server).get("pyinfer:prefix_cache_hit_tokens_total", 0)
+    replies = []
+    for q in ("Which planet is the largest?", "Which planet is red?"):
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": q}]
+        r = client.chat.completions.create(model="x", messages=messages, max_tokens=6, temperature=0)
+        assert r.choices[0].message.content == model.chat(messages, max_tokens=6, temperature=0).text
+        replies.append(r)
+    first, second = (r.usage.prompt_tokens_details.cached_tokens for r in replies)
+    assert first == 0 or first < second  # the first may find a prefix of an earlier test's
+    assert second >= 32 and replies[1].model_extra["timings"]["cache_n"] == second
+    t = replies[1].model_extra["timings"]
+    assert t["prompt_n"] + second == replies[1].usage.prompt_tokens and t["first_sample_ms"] > 0
+    assert metrics(server)["pyinfer:prefix_cache_hit_tokens_total"] >= base + second
+
+
 def test_stop_strings(client):
     full = client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     words = re.findall(r"[A-Za-z]{3,}", full)

@@ -66,7 +66,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     serve(args.model, host=args.host, port=args.port, api_key=api_key, n_threads=args.threads, n_ctx=args.ctx,
           precision=args.precision, max_batch=args.max_batch, token_budget=args.token_budget,
           kv_budget_bytes=kv, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-          log_level=args.log_level)
+          log_level=args.log_level, prefix_cache=not args.no_prefix_cache)
     return 0
 
 
@@ -253,9 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fast keeps batched outputs bit-identical to single ones (default: %(default)s)")
     sv.add_argument("--max-batch", type=int, default=16, help="sequences running at once (default: %(default)s)")
     sv.add_argument("--token-budget", type=int, default=256,
-                    help="largest prompt chunk per scheduler step (default: %(default)s)")
+                    help="prompt tokens per scheduler step, beside the decoding rows (default: %(default)s)")
+    sv.add_argument("--no-prefix-cache", action="store_true",
+                    help="evaluate every prompt whole (no reuse of a cached prefix's KV cache)")
     sv.add_argument("--kv-budget-mib", type=float, default=None,
-                    help="memory for the sequences' contexts (KV cache + scratch) in MiB "
+                    help="memory for the sequences' contexts (their KV caches) in MiB "
                          "(default: half the memory available)")
     sv.add_argument("--max-queue", type=int, default=64,
                     help="requests waiting for admission before 503 (default: %(default)s)")

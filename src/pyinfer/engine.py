@@ -14,30 +14,36 @@ One step of the scheduler:
 1. sequences whose handle was cancelled end at once and give back their context reservation;
 2. waiting requests are admitted in arrival order while their reservation fits the KV budget
    and fewer than max_batch sequences run (strict FIFO: a large request is not overtaken
-   forever by small ones);
-3. one `Model.decode_batch` evaluates the last sampled token of every decoding sequence, and
-   each one's Request samples its next token from its row;
-4. at most one chunk (up to token_budget tokens) of one prefilling sequence's prompt is
-   evaluated, so a long prompt holds the others' next token back by one chunk at most; its
-   last chunk gives the first token.
+   forever by small ones); each starts from the longest cached prefix of its prompt;
+3. one forward pass (`Batch.step`) evaluates the last sampled token of every decoding
+   sequence and, in the same pass, prompt chunks of the prefilling ones in admission order,
+   up to token_budget prompt tokens in all (chunked prefill: a long prompt holds nobody's
+   next token back, and costs the others one step's share of the pass); each sequence's
+   Request samples from its row (a prefilling one when its last chunk is in).
 
-Batch invariance: with precision="fast" a decode_batch row is bit for bit the sequence's own
-single step, and a prompt evaluated in chunks gives the same bits as evaluated whole, so a
-request's tokens and log-probabilities do not depend on what runs beside it (the same
-request through Model.generate gives the same result). The exact path does not promise this
-for batched rows.
+Batch invariance: with precision="fast" each row of a step is bit for bit its sequence's
+own evaluation, a prompt evaluated in chunks gives the same bits as evaluated whole, and a
+copied prefix is the cache its evaluation would have made, so a request's tokens and
+log-probabilities do not depend on what runs beside it, on the chunking, or on the prefix
+cache (the same request through Model.generate gives the same result). The exact path does
+not promise this for batched rows.
 
 Admission: a sequence reserves a context for its prompt + max_tokens (max_tokens=None: the
 whole context), rounded up to `ctx_granularity` tokens and capped at the model's n_ctx, in a
-context of exactly that size. What it reserves is the context's whole allocation,
-`Model.context_nbytes`: its KV cache and its forward-pass scratch (n_batch = token_budget
-rows, which for a short context weighs more than the cache). Finished sequences' contexts
-stay idle in a pool for reuse and count against the budget; they are freed, oldest first,
-when a new reservation needs their room. A request that waits is queued (at most max_queue
-of them); past that, submit raises OverloadedError. A request larger than the whole budget raises ValueError at once.
+context of exactly that size: its KV cache (`Model.context_nbytes(n_ctx, 1)`; the forward
+pass's scratch is the engine's one Batch, sized for max_batch + token_budget rows).
+Finished sequences' contexts stay idle in a pool, least recently used first, and count
+against the budget; they are freed, oldest first, when a new reservation needs their room. A
+request that waits is queued (at most max_queue of them); past that, submit raises
+OverloadedError. A request larger than the whole budget raises ValueError at once.
 
-Not here yet: reuse of a shared prompt prefix's KV cache, and prefill rows mixed into the
-decode step's forward pass (a prefill chunk is its own forward pass).
+Prefix cache: every context, running or idle, remembers the tokens it holds. A new request
+starts from the context holding the longest prefix of its prompt (in whole prefix_block
+blocks, short of the prompt's last token): the idle context itself when it has the right
+size (a truncation), else a copy of that prefix into its own (`Context.copy_prefix`). Only
+the rest of the prompt is evaluated; Timings.cached_tokens says how much was found. A
+context used as a source moves to the recently used end of the pool, so a shared system
+prompt stays cached while requests keep coming.
 """
 
 from __future__ import annotations
@@ -50,11 +56,12 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from pyinfer.errors import OverloadedError, ParameterTypeError
+from pyinfer.model import Batch
 from pyinfer.request import CancelToken, Completion, CompletionChunk, Request, prompt_and_params
 
 if TYPE_CHECKING:
@@ -95,7 +102,9 @@ class EngineStats:
     sequences; context_bytes_idle: contexts kept for reuse (freed when a reservation needs
     their room); context_budget_bytes: the bound on both together; steps: scheduler steps run;
     decode_rows: sequence rows the decode steps evaluated (their mean batch, over the decode
-    steps); the other counters cover every request finished so far."""
+    steps); cached_tokens_total: prompt tokens taken from the prefix cache instead of
+    evaluated, by prefix_hits admissions; batch_scratch_bytes: the shared forward-pass
+    scratch (outside the budget); the other counters cover every request finished so far."""
 
     running: int
     waiting: int
@@ -109,6 +118,9 @@ class EngineStats:
     requests_finished: int
     prompt_tokens_total: int
     predicted_tokens_total: int
+    cached_tokens_total: int
+    prefix_hits: int
+    batch_scratch_bytes: int
 
 
 # ---- delivering chunks to a consumer on any thread or event loop
@@ -226,16 +238,25 @@ class RequestHandle:
 
 
 class _Seq:
-    __slots__ = ("ctx", "handle", "next_token", "prefill", "prefill_at", "prefill_s", "req")
+    __slots__ = ("ctx", "handle", "next_token", "prefill", "prefill_at", "prefill_s", "req", "tokens")
 
-    def __init__(self, handle: RequestHandle, ctx: Context) -> None:
+    def __init__(self, handle: RequestHandle, ctx: Context, cached: int) -> None:
         self.handle = handle
         self.req = handle.request
         self.ctx = ctx
         self.prefill = self.req.prefill_ids()
-        self.prefill_at = 0  # prompt tokens evaluated so far
+        self.prefill_at = cached  # prompt tokens in the cache so far (a reused prefix first)
         self.prefill_s = 0.0
-        self.next_token: int | None = None  # sampled, to be evaluated by the next decode step
+        self.next_token: int | None = None  # sampled, to be evaluated by the next step
+        self.tokens: list[int] = self.prefill[:cached]  # what ctx holds, position by position
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
 
 
 class Engine:
@@ -263,6 +284,8 @@ class Engine:
         kv_budget_bytes: int | None = None,
         max_queue: int = 64,
         ctx_granularity: int = 256,
+        prefix_cache: bool = True,
+        prefix_block: int = 16,
         on_finish: Callable[[Request], None] | None = None,
     ) -> None:
         self.model = model
@@ -274,12 +297,18 @@ class Engine:
         if kv_budget_bytes is None:
             kv_budget_bytes = available_memory_bytes() // 2
         self.kv_budget_bytes = _positive("kv_budget_bytes", kv_budget_bytes)
+        self.prefix_cache = bool(prefix_cache)
+        self.prefix_block = _positive("prefix_block", prefix_block)
         self.on_finish = on_finish
+        # One forward pass per step: a row for each decoding sequence, up to token_budget
+        # prompt tokens of the prefilling ones.
+        self._batch = Batch(model, self.max_batch + self.token_budget)
 
         self._cond = threading.Condition(threading.Lock())
         self._waiting: deque[RequestHandle] = deque()
         self._running: list[_Seq] = []
-        self._idle: OrderedDict[int, list[Context]] = OrderedDict()  # n_ctx -> contexts, LRU first
+        # Finished sequences' contexts, least recently used first, with the tokens they hold.
+        self._idle: OrderedDict[Context, list[int]] = OrderedDict()
         self._bytes_in_use = 0  # contexts of running sequences, as context_bytes_for counts them
         self._bytes_idle = 0
         self._closed = False
@@ -289,15 +318,17 @@ class Engine:
         self._finished = 0
         self._prompt_total = 0
         self._predicted_total = 0
+        self._cached_total = 0
+        self._prefix_hits = 0
         self._thread = threading.Thread(target=self._loop, name="pyinfer-engine", daemon=True)
         self._thread.start()
 
     # -- submitting
 
     def context_bytes_for(self, n_ctx: int) -> int:
-        """The bytes a sequence's context of n_ctx tokens allocates: its KV cache and the
-        scratch of its forward pass (n_batch = token_budget rows, capped at n_ctx)."""
-        return int(self.model.context_nbytes(n_ctx, min(self.token_budget, n_ctx)))
+        """The bytes a sequence's context of n_ctx tokens allocates: its KV cache (and one
+        row of scratch of its own: the engine's steps run in one shared batch)."""
+        return int(self.model.context_nbytes(n_ctx, 1))
 
     def _ctx_bytes(self, ctx: Context) -> int:
         return self.context_bytes_for(ctx.n_ctx)
@@ -395,6 +426,9 @@ class Engine:
                 requests_finished=self._finished,
                 prompt_tokens_total=self._prompt_total,
                 predicted_tokens_total=self._predicted_total,
+                cached_tokens_total=self._cached_total,
+                prefix_hits=self._prefix_hits,
+                batch_scratch_bytes=self._batch.nbytes,
             )
 
     @property
@@ -438,14 +472,46 @@ class Engine:
     def _step(self) -> None:
         self._drop_cancelled()
         self._admit()
-        decoding = [s for s in self._running if s.next_token is not None]
-        if decoding:
-            self._decode(decoding)
-        prefilling = next((s for s in self._running if s.next_token is None), None)
-        if prefilling is not None:
-            self._prefill_chunk(prefilling)
+        # One forward pass: the last sampled token of every decoding sequence, then prompt
+        # chunks of the prefilling ones in admission order, up to token_budget tokens.
+        rows: list[tuple[_Seq, list[int]]] = [(s, [s.next_token]) for s in self._running if s.next_token is not None]
+        n_decode = len(rows)
+        budget = self.token_budget
+        for s in self._running:
+            if budget == 0:
+                break
+            if s.next_token is None:
+                chunk = s.prefill[s.prefill_at : s.prefill_at + budget]
+                rows.append((s, chunk))
+                budget -= len(chunk)
+        if rows:
+            self._run(rows, n_decode)
         with self._cond:
             self._steps += 1
+
+    def _run(self, rows: list[tuple[_Seq, list[int]]], n_decode: int) -> None:
+        t = perf_counter()
+        try:
+            logits = self._batch.step([s.ctx for s, _ in rows], [toks for _, toks in rows])
+        except BaseException as e:
+            for s, _ in rows:
+                self._end(s, None, error=e)
+            return
+        dt = perf_counter() - t
+        with self._cond:
+            self._batch_size = len(rows)
+            self._decode_rows += n_decode
+        for (s, toks), row in zip(rows, logits):
+            s.tokens += toks
+            if s.next_token is not None:
+                self._sample(s, row, dt)
+                continue
+            s.prefill_s += dt
+            s.prefill_at += len(toks)
+            if s.prefill_at == len(s.prefill):
+                with self._cond:
+                    self._prompt_total += s.req.timings.prompt_tokens
+                self._sample(s, row, s.prefill_s)
 
     def _drop_cancelled(self) -> None:
         with self._cond:
@@ -458,75 +524,79 @@ class Engine:
         for s in [s for s in self._running if s.req.cancelled]:
             self._end(s, s.req.abort(eval_s=s.prefill_s if s.next_token is None else 0.0).chunk)
 
+    def _prefix_source(self, prompt: list[int]) -> tuple[Context | None, int]:
+        """The context (running or idle) holding the longest prefix of prompt, in whole
+        prefix_block blocks and short of the prompt's last token (whose logits the first
+        step needs), and that length; (None, 0) when none holds a block."""
+        if not self.prefix_cache:
+            return None, 0
+        best: Context | None = None
+        best_n = 0
+        limit = (len(prompt) - 1) // self.prefix_block * self.prefix_block
+        if limit == 0:
+            return None, 0
+        candidates = [(s.ctx, s.tokens) for s in self._running] + list(self._idle.items())
+        for ctx, toks in candidates:
+            n = min(_common_prefix(toks, prompt), limit) // self.prefix_block * self.prefix_block
+            if n > best_n:
+                best, best_n = ctx, n
+        return best, best_n
+
     def _admit(self) -> None:
         while True:
             with self._cond:
                 if not self._waiting or len(self._running) >= self.max_batch:
                     return
                 h = self._waiting[0]
-                need = self.context_bytes_for(h.n_ctx)
-                reuse = bool(self._idle.get(h.n_ctx))
-                if not reuse:
-                    # Free idle contexts, oldest first, until the new one fits beside the rest.
+            prompt = h.request.prefill_ids()
+            src, cached = self._prefix_source(prompt)
+            need = self.context_bytes_for(h.n_ctx)
+            with self._cond:
+                # An idle context of the right size: the source itself if it is one, else
+                # the least recently used; else room for a new one, freeing idle contexts
+                # (least recently used first, the source last).
+                ctx = src if src is not None and src in self._idle and src.n_ctx == h.n_ctx else None
+                if ctx is None:
+                    ctx = next((c for c in self._idle if c.n_ctx == h.n_ctx and c is not src), None)
+                if ctx is None:
                     while self._idle and self._bytes_in_use + self._bytes_idle + need > self.kv_budget_bytes:
-                        n, ctxs = next(iter(self._idle.items()))
-                        self._bytes_idle -= self._ctx_bytes(ctxs.pop(0))
-                        if not ctxs:
-                            del self._idle[n]
+                        victim = next((c for c in self._idle if c is not src), None)
+                        if victim is None:  # only the source is left to free
+                            victim, src, cached = src, None, 0
+                        assert victim is not None
+                        del self._idle[victim]
+                        self._bytes_idle -= self._ctx_bytes(victim)
                     if self._bytes_in_use + self._bytes_idle + need > self.kv_budget_bytes:
                         return  # it waits for a running sequence to finish
-                self._waiting.popleft()
-                ctx = None
-                if reuse:
-                    ctx = self._idle[h.n_ctx].pop()
-                    self._idle.move_to_end(h.n_ctx)
-                    if not self._idle[h.n_ctx]:
-                        del self._idle[h.n_ctx]
+                else:
+                    del self._idle[ctx]
                     self._bytes_idle -= need
+                self._waiting.popleft()
                 self._bytes_in_use += need
-            if ctx is None:
-                try:
-                    ctx = self.model.context(h.n_ctx, n_batch=min(self.token_budget, h.n_ctx))
-                except BaseException as e:
-                    with self._cond:
-                        self._bytes_in_use -= need
-                    h._channel.put(e)
-                    continue
+            try:
+                if ctx is None:
+                    ctx = self.model.context(h.n_ctx, n_batch=1)
+                if src is not None and cached:
+                    ctx.copy_prefix(src, cached)  # src may be ctx: then a truncation
+                else:
+                    ctx.reset()
+            except BaseException as e:
+                with self._cond:
+                    self._bytes_in_use -= need
+                h._channel.put(e)
+                continue
+            if src is not None and src in self._idle:
+                self._idle.move_to_end(src)  # a prefix in use stays cached longest
+            tm = h.request.timings
+            tm.cached_tokens = cached
+            tm.prompt_tokens = len(prompt) - cached
             # The wait for admission is queueing too.
-            h.request.timings.queue_s += perf_counter() - h.submitted
+            tm.queue_s += perf_counter() - h.submitted
             with self._cond:
-                self._running.append(_Seq(h, ctx))
-
-    def _decode(self, seqs: list[_Seq]) -> None:
-        toks = [s.next_token for s in seqs]
-        t = perf_counter()
-        try:
-            logits = self.model.decode_batch([s.ctx for s in seqs], cast("list[int]", toks))
-        except BaseException as e:
-            for s in seqs:
-                self._end(s, None, error=e)
-            return
-        dt = perf_counter() - t
-        with self._cond:
-            self._batch_size = len(seqs)
-            self._decode_rows += len(seqs)
-        for s, row in zip(seqs, logits):
-            self._sample(s, row, dt)
-
-    def _prefill_chunk(self, s: _Seq) -> None:
-        chunk = s.prefill[s.prefill_at : s.prefill_at + self.token_budget]
-        t = perf_counter()
-        try:
-            logits = s.ctx.eval(chunk)
-        except BaseException as e:
-            self._end(s, None, error=e)
-            return
-        s.prefill_s += perf_counter() - t
-        s.prefill_at += len(chunk)
-        if s.prefill_at == len(s.prefill):
-            with self._cond:
-                self._prompt_total += len(s.prefill)
-            self._sample(s, logits, s.prefill_s)
+                if cached:
+                    self._prefix_hits += 1
+                    self._cached_total += cached
+                self._running.append(_Seq(h, ctx, cached))
 
     def _sample(self, s: _Seq, logits: np.ndarray, eval_s: float) -> None:
         try:
@@ -554,16 +624,14 @@ class Engine:
                 self.on_finish(req)
 
     def _end(self, s: _Seq, chunk: CompletionChunk | None, *, error: BaseException | None = None) -> None:
-        """Take s out of the batch, give its cache back to the pool and send its last chunk
-        (or the error)."""
+        """Take s out of the batch, keep its context idle (with the tokens it holds, for
+        prefix reuse) and send its last chunk (or the error: then the context is dropped)."""
         nbytes = self._ctx_bytes(s.ctx)
         with self._cond:
             self._running.remove(s)
             self._bytes_in_use -= nbytes
             if error is None:
-                s.ctx.reset()
-                self._idle.setdefault(s.handle.n_ctx, []).append(s.ctx)
-                self._idle.move_to_end(s.handle.n_ctx)
+                self._idle[s.ctx] = s.tokens
                 self._bytes_idle += nbytes
         if error is not None:
             s.handle._channel.put(error)

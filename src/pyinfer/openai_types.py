@@ -17,17 +17,24 @@ from pyinfer.tokenizer import Tokenizer
 # ---- shapes
 
 
+class PromptTokensDetails(TypedDict):
+    cached_tokens: int
+
+
 class Usage(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
 
 
 class ServerTimings(TypedDict):
     """Where a request's time went, in llama.cpp's server's `timings` names (milliseconds)
     plus the parts before prefill: queue_ms (waiting for admission), tokenize_ms, and
-    ttft_ms from arrival to the first token. cache_n: prompt tokens taken from a cache
-    (none yet). predicted_n counts every token sampled, an end-of-turn token included."""
+    ttft_ms from arrival to the first token, first_sample_ms (the sampler on the first
+    token's logits). cache_n: prompt tokens taken from the prefix cache, not evaluated
+    (prompt_n counts the evaluated ones). predicted_n counts every token sampled, an
+    end-of-turn token included."""
 
     prompt_n: int
     prompt_ms: float
@@ -38,6 +45,7 @@ class ServerTimings(TypedDict):
     cache_n: int
     queue_ms: float
     tokenize_ms: float
+    first_sample_ms: float
     ttft_ms: float | None
 
 
@@ -143,11 +151,13 @@ class ChatCompletionChunk(_ChatCompletionChunkBase, total=False):
 # ---- builders
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+    """prompt_tokens: the whole prompt, cached_tokens of it from the prefix cache."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -161,9 +171,10 @@ def server_timings(t: Timings) -> ServerTimings:
         "predicted_n": t.sampled_tokens,
         "predicted_ms": decode_ms,
         "predicted_per_second": t.decode_tokens_per_s,
-        "cache_n": 0,
+        "cache_n": t.cached_tokens,
         "queue_ms": t.queue_s * 1e3,
         "tokenize_ms": t.tokenize_s * 1e3,
+        "first_sample_ms": t.first_sample_s * 1e3,
         "ttft_ms": None if t.ttft_s is None else t.ttft_s * 1e3,
     }
 

@@ -74,6 +74,8 @@ class Timings:
     sample_s: float = 0.0  # the sampler, over all tokens (logprobs included)
     total_s: float = 0.0
     prompt_tokens: int = 0  # evaluated in prefill
+    cached_tokens: int = 0  # of the prompt, found in a cached prefix (not evaluated)
+    first_sample_s: float = 0.0  # the sampler on the first token's logits (logprobs included)
     sampled_tokens: int = 0  # an end-of-turn token included
     token_intervals_s: list[float] = field(default_factory=list)
 
@@ -482,6 +484,7 @@ class Request:
         if self._n == 0:
             self._t_first = self._t_last
             tm.ttft_s = self._t_last - self._t0
+            tm.first_sample_s = self._t_last - ts
         self._n += 1
         if tok in self._eot:
             return self._finish("stop", tok)

@@ -223,6 +223,10 @@ class _EngineCounters(Collector):
         yield CounterMetricFamily("pyinfer:scheduler_steps", "Scheduler steps run", value=st.steps)
         yield CounterMetricFamily("pyinfer:decode_rows", "Sequence rows evaluated by decode steps",
                                   value=st.decode_rows)
+        yield CounterMetricFamily("pyinfer:prefix_cache_hit_tokens", "Prompt tokens taken from the prefix cache",
+                                  value=st.cached_tokens_total)
+        yield CounterMetricFamily("pyinfer:prefix_cache_hits", "Requests admitted with a cached prefix",
+                                  value=st.prefix_hits)
 
 
 class Metrics:
@@ -289,10 +293,10 @@ def _sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
-def _usage_chunk(cid: str, obj: str, created: int, model: str, n_prompt: int, n_out: int) -> dict[str, Any]:
+def _usage_chunk(cid: str, obj: str, created: int, model: str, req: Request, n_out: int) -> dict[str, Any]:
     """The stream's last chunk when stream_options.include_usage: no choices, the token counts."""
     return {"id": cid, "object": obj, "created": created, "model": model, "choices": [],
-            "usage": openai_types.usage(n_prompt, n_out)}
+            "usage": openai_types.usage(len(req.prompt_ids), n_out, req.timings.cached_tokens)}
 
 
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
@@ -469,7 +473,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             c = await result(handle, request)
             lp = logprobs_of(c.token_ids, c.logprobs, len(prompt_text)) if n_lp is not None else None
             out = shape(c.text, lp, _finish(c.finish_reason))
-            out["usage"] = openai_types.usage(c.prompt_tokens, len(c.token_ids))
+            out["usage"] = openai_types.usage(c.prompt_tokens, len(c.token_ids), c.timings.cached_tokens)
             out["timings"] = openai_types.server_timings(c.timings)
             return JSONResponse(out)
 
@@ -494,7 +498,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         def final() -> list[Any]:
             if not include_usage:
                 return []
-            return [_usage_chunk(cid, "text_completion", created, model_name, len(handle.request.prompt_ids), n_out[0])]
+            return [_usage_chunk(cid, "text_completion", created, model_name, handle.request, n_out[0])]
 
         return sse_response(stream(handle, events, final))
 
@@ -537,7 +541,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                 "id": cid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
                              "logprobs": lp, "finish_reason": _finish(c.finish_reason)}],
-                "usage": openai_types.usage(c.prompt_tokens, len(c.token_ids)),
+                "usage": openai_types.usage(c.prompt_tokens, len(c.token_ids), c.timings.cached_tokens),
                 "timings": openai_types.server_timings(c.timings),
             }
             return JSONResponse(out)
@@ -568,8 +572,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         def final() -> list[Any]:
             if not include_usage:
                 return []
-            n_prompt = len(handle.request.prompt_ids)
-            return [_usage_chunk(cid, "chat.completion.chunk", created, model_name, n_prompt, n_out[0])]
+            return [_usage_chunk(cid, "chat.completion.chunk", created, model_name, handle.request, n_out[0])]
 
         return sse_response(stream(handle, events, final))
 
@@ -579,7 +582,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
 def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           n_threads: int | None = None, n_ctx: int = 4096, precision: str = "fast", max_batch: int = 16,
           token_budget: int = 256, kv_budget_bytes: int | None = None, max_queue: int = 64,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info") -> None:
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info", prefix_cache: bool = True) -> None:
     """Load a model and serve it until interrupted (what `pyinfer serve` runs)."""
     import uvicorn
 
@@ -589,7 +592,7 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
     path = resolve_model(model)
     m = Model.load(path, n_ctx=n_ctx, n_threads=n_threads, precision=precision)
     engine = Engine(m, max_batch=max_batch, token_budget=token_budget, kv_budget_bytes=kv_budget_bytes,
-                    max_queue=max_queue)
+                    max_queue=max_queue, prefix_cache=prefix_cache)
     app = create_app(engine, model_name=path.stem, api_key=api_key, max_body_bytes=max_body_bytes)
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level)
