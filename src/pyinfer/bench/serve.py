@@ -145,12 +145,14 @@ class Plan:
     drain_timeout_s: float = 30.0  # then the requests still running are cut off
     request_timeout_s: float = 120.0  # a request's socket: no read waits longer
     n_ctx: int = 2048  # tokens per sequence, every engine
+    # Also run `pyinfer serve --no-prefix-cache`: what the prefix cache does to TTFT.
+    prefix_cache_baseline: bool = False
 
     def n_requests(self, concurrency: int) -> int:
         return max(self.min_requests, 2 * concurrency)
 
 
-FULL_PLAN = Plan(levels=(1, 4, 16, 32), max_tokens=64)
+FULL_PLAN = Plan(levels=(1, 4, 16, 32), max_tokens=64, prefix_cache_baseline=True)
 QUICK_PLAN = Plan(levels=(1, 4), max_tokens=16, min_requests=4, level_timeout_s=60.0, drain_timeout_s=30.0,
                   request_timeout_s=60.0)
 
@@ -180,12 +182,17 @@ class ServerSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def pyinfer_spec(model: Path, n_threads: int, plan: Plan) -> ServerSpec:
+NO_PREFIX_CACHE = "pyinfer, no prefix cache"
+
+
+def pyinfer_spec(model: Path, n_threads: int, plan: Plan, *, prefix_cache: bool = True) -> ServerSpec:
     slots = max(plan.levels)
-    return ServerSpec("pyinfer", [sys.executable, "-m", "pyinfer", "serve", "--model", str(model),
-                                  "--host", "127.0.0.1", "--port", "{port}", "--threads", str(n_threads),
-                                  "--ctx", str(plan.n_ctx), "--max-batch", str(slots),
-                                  "--max-queue", str(4 * slots), "--log-level", "warning"], slots)
+    return ServerSpec("pyinfer" if prefix_cache else NO_PREFIX_CACHE,
+                      [sys.executable, "-m", "pyinfer", "serve", "--model", str(model),
+                       "--host", "127.0.0.1", "--port", "{port}", "--threads", str(n_threads),
+                       "--ctx", str(plan.n_ctx), "--max-batch", str(slots),
+                       "--max-queue", str(4 * slots), "--log-level", "warning",
+                       *([] if prefix_cache else ["--no-prefix-cache"])], slots)
 
 
 def llama_cpp_python_spec(python: str, model: Path, n_threads: int, plan: Plan) -> ServerSpec:
@@ -606,6 +613,8 @@ def study_serve(s: Settings) -> Report:
     banned = counts.banned
     peers, skipped = peer_specs(s, nt, plan)
     specs = [pyinfer_spec(s.model, nt, plan), *peers]
+    if plan.prefix_cache_baseline:
+        specs.append(pyinfer_spec(s.model, nt, plan, prefix_cache=False))
     n_total = sum(plan.n_requests(c) for c in plan.levels)
     prog = Progress("serve", len(specs) * (1 + len(plan.levels)))
     rows: list[dict[str, Any]] = []
@@ -665,18 +674,27 @@ def study_serve(s: Settings) -> Report:
         ratios.append({"peer": r["engine"], "concurrency": r["concurrency"], "peer_completed": r["completed"],
                        "peer_requests": r["requests"], "pyinfer_completed": base["completed"],
                        **{k: _ratio(base[k], r[k]) for k in RATIO_KEYS}})
-    md = _markdown(s, plan, nt, rows, ratios, skipped)
+    # The prefix cache: the shared-system-prompt requests' median TTFT without it over with it.
+    prefix = []
+    for c in plan.levels:
+        with_, without = (next((x["median_ttft_ms_by_kind"].get("shared_system") for x in rows
+                                if x["engine"] == e and x["concurrency"] == c), None)
+                          for e in ("pyinfer", NO_PREFIX_CACHE))
+        if without is not None:
+            prefix.append({"concurrency": c, "shared_system_median_ttft_ms": with_,
+                           "no_prefix_cache_ms": without, "speedup": _ratio(without, with_)})
+    md = _markdown(s, plan, nt, rows, ratios, skipped, prefix)
     return {"study": "serve", "plan": {**plan.__dict__, "levels": list(plan.levels),
                                        "requests": {c: plan.n_requests(c) for c in plan.levels}},
             "slo": {"ttft_ms": plan.ttft_slo_s * 1e3, "tpot_ms": plan.tpot_slo_s * 1e3},
             "server_threads": nt, "banned_tokens": banned, "servers": servers, "rows": rows, "ratios": ratios,
-            "skipped": skipped,
+            "prefix_cache": prefix, "skipped": skipped,
             "prompt_set": {"kinds": list(KINDS), "example": [request_messages(i, quick=s.quick) for i in range(3)]},
             }, md
 
 
 def _markdown(s: Settings, plan: Plan, nt: int, rows: list[dict[str, Any]], ratios: list[dict[str, Any]],
-              skipped: dict[str, str]) -> list[str]:
+              skipped: dict[str, str], prefix: list[dict[str, Any]]) -> list[str]:
     md = ["## Serving", "",
           f"Streaming chat clients on loopback, each sending its next request when its last ends, at "
           f"concurrency {', '.join(map(str, plan.levels))} (max(2 x concurrency, {plan.min_requests}) requests "
@@ -716,6 +734,12 @@ def _markdown(s: Settings, plan: Plan, nt: int, rows: list[dict[str, Any]], rati
                      "p50 TPOT", "p50 ITL", "p50 E2E"],
                     [[x["peer"], x["concurrency"], f"{x['peer_completed']}/{x['peer_requests']}"]
                      + [cell(x[k]) for k in RATIO_KEYS] for x in ratios])
+    if prefix:
+        md += ["", "The prefix cache: median TTFT (ms) of the requests after the shared system prompt, with it and "
+               "without it (`pyinfer serve --no-prefix-cache`), and the speed-up:", ""]
+        md += table(["conc.", "with", "without", "speed-up"],
+                    [[x["concurrency"], _ms(x["shared_system_median_ttft_ms"]), _ms(x["no_prefix_cache_ms"]),
+                      "-" if x["speedup"] is None else f"{x['speedup']:.2f}x"] for x in prefix])
     errs = [f"- {r['engine']} at {r['concurrency']}: {r['failed']} failed ({'; '.join(r['errors'])[:300]})"
             for r in rows if r["failed"]]
     errs += [f"- {r['engine']} at {r['concurrency']}: {r['not_sent']} not sent (level time limit)"
