@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from time import perf_counter
-from typing import TYPE_CHECKING, Any, Literal, Protocol, overload
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
 
 import numpy as np
 
+from pyinfer.lookup import PromptLookup
 from pyinfer.request import (
     CancelToken,
     Completion,
@@ -36,6 +37,7 @@ __all__ = [
     "Completion",
     "CompletionChunk",
     "ContextPool",
+    "DraftingContext",
     "FinishReason",
     "SequenceContext",
     "Timings",
@@ -69,6 +71,19 @@ class SequenceContext(Protocol):
         ...
 
 
+class DraftingContext(SequenceContext, Protocol):
+    """A context that speculative decoding can drive: every row of a pass, and a truncation
+    (Context is one)."""
+
+    def eval(self, ids: list[int], *, all_logits: bool = False) -> np.ndarray:
+        """As SequenceContext.eval; with all_logits, the rows of every id [len(ids), n_vocab]."""
+        ...
+
+    def truncate(self, n: int) -> None:
+        """Forget positions >= n."""
+        ...
+
+
 # ---- one sequence
 
 
@@ -88,6 +103,7 @@ def generate(
     special: bool = False,
     started: float | None = None,
     tokenize_s: float = 0.0,
+    draft: int = 0,
 ) -> Completion: ...
 
 
@@ -107,6 +123,7 @@ def generate(
     special: bool = False,
     started: float | None = None,
     tokenize_s: float = 0.0,
+    draft: int = 0,
 ) -> Iterator[CompletionChunk]: ...
 
 
@@ -125,6 +142,7 @@ def generate(
     special: bool = False,
     started: float | None = None,
     tokenize_s: float = 0.0,
+    draft: int = 0,
 ) -> Completion | Iterator[CompletionChunk]:
     """Continue `ctx` with `prompt_ids`, then generate until a stop condition.
 
@@ -138,7 +156,11 @@ def generate(
     boundaries, a possible stop string held back); closing it stops the loop at once.
     The other keywords are the Request's: max_tokens (None: until an end-of-turn token or
     a full context; 0: prefill only), stop, cancel, truncate="left", special, started and
-    tokenize_s.
+    tokenize_s. draft > 0: speculative decoding by prompt lookup (`pyinfer.lookup`), up to
+    `draft` tokens guessed per pass, verified in one forward pass; ctx must be a
+    DraftingContext. The tokens are those of plain decoding when the context's rows do not
+    depend on the pass they are in (precision="fast"); the cache then also holds only the
+    tokens kept.
 
     Errors (raised here, before anything runs, also with stream=True): an empty prompt,
     ids out of range, parameters of the wrong type or range, ContextOverflowError.
@@ -159,11 +181,20 @@ def generate(
         started=started,
         tokenize_s=tokenize_s,
     )
-    chunks = _drive(ctx, req, int(n_batch))
+    lookup = _lookup(draft)
+    chunks = _drive(ctx, req, int(n_batch), lookup)
     return chunks if stream else req.completion(chunks)
 
 
-def _drive(ctx: SequenceContext, req: Request, n_batch: int) -> Generator[CompletionChunk, None, None]:
+def _lookup(draft: int) -> PromptLookup | None:
+    if isinstance(draft, bool) or not isinstance(draft, (int, np.integer)) or not 0 <= draft <= 64:
+        raise ValueError(f"draft must be an int in [0, 64], got {draft!r}")
+    return PromptLookup(max_draft=int(draft)) if draft else None
+
+
+def _drive(
+    ctx: SequenceContext, req: Request, n_batch: int, lookup: PromptLookup | None = None
+) -> Generator[CompletionChunk, None, None]:
     # prefill, a chunk at a time so that a cancel waits for one chunk at most
     ids = req.prefill_ids()
     spent = 0.0
@@ -178,22 +209,60 @@ def _drive(ctx: SequenceContext, req: Request, n_batch: int) -> Generator[Comple
         logits = ctx.eval(ids[i : i + n_batch])
         spent += perf_counter() - t
     assert logits is not None
+    if lookup is not None:
+        lookup.extend(ids)
     r = req.step(logits, eval_s=spent)
     while True:
         if r.chunk is not None:
             yield r.chunk
         if r.finished:
-            return
+            break
         if req.cancelled:  # a consumer of the stream, or another thread, cancelled
             r = req.abort()
             continue
-        assert r.token is not None
+        tok = r.token
+        assert tok is not None
+        guess = [] if lookup is None else _guess(lookup, tok, ctx)
         t = perf_counter()
-        logits = ctx.eval([r.token])
-        r = req.step(logits, eval_s=perf_counter() - t)
+        if not guess:
+            logits = ctx.eval([tok])
+            r = req.step(logits, eval_s=perf_counter() - t)
+            continue
+        # The sampled token and the guess in one pass; row i is valid while every guessed
+        # token before it is the one sampled.
+        assert lookup is not None
+        dctx = cast("DraftingContext", ctx)
+        start = dctx.n_past
+        rows = dctx.eval([tok, *guess], all_logits=True)
+        eval_s = perf_counter() - t
+        kept = 0
+        for i, row in enumerate(rows):
+            r = req.step(row, eval_s=eval_s if i == 0 else 0.0)
+            # A token the next row was not computed after ends the pass; the loop above
+            # evaluates it (or sees the request finished or cancelled).
+            if r.finished or i == len(guess) or r.token != guess[i] or req.cancelled:
+                break
+            kept += 1
+            lookup.extend([guess[i]])
+            if r.chunk is not None:
+                yield r.chunk
+        lookup.kept(len(guess), kept)
+        req.timings.draft_tokens += len(guess)
+        req.timings.draft_accepted += kept
+        dctx.truncate(start + 1 + kept)  # the sampled token and the guesses kept
+
+
+def _guess(lookup: PromptLookup, token: int, ctx: SequenceContext) -> list[int]:
+    """The draft to follow `token` (now joining the sequence), within the context's room."""
+    lookup.extend([token])
+    return lookup.draft(room=ctx.n_ctx - ctx.n_past - 1)
 
 
 # ---- Model.generate and Model.chat
+
+# Tokens guessed per pass by default on the fast path: a pass of 9 rows costs about what a
+# one-token step costs there (the weights are read once), so a wrong guess costs little.
+DEFAULT_DRAFT = 8
 
 
 class ContextPool:
@@ -252,6 +321,7 @@ def model_generate(
     truncate: Literal["left"] | None = None,
     cancel: CancelToken | None = None,
     started: float | None = None,
+    draft: int | None = None,
     **sampling: Any,
 ) -> Completion | Iterator[CompletionChunk]:
     """Continue a prompt (text, or token ids) in a fresh sequence of `model`: what
@@ -266,12 +336,18 @@ def model_generate(
     control-token texts in a text prompt (and print them in the output). A prompt longer
     than n_ctx raises ContextOverflowError unless truncate="left". started: when the
     request arrived (time.perf_counter()), so timings count the wait before this call.
+    draft: speculative decoding by prompt lookup, up to `draft` tokens guessed per pass
+    (0: off; None: DEFAULT_DRAFT with precision="fast", whose output it leaves unchanged,
+    else off); Timings.draft_tokens / draft_accepted say how it went.
     """
     if started is None:
         started = perf_counter()
     ids, params = prompt_and_params(
         prompt, lambda text: model.tokenize(text, add_bos=add_bos, special=special), sampling, "generate"
     )
+    if draft is None:
+        draft = DEFAULT_DRAFT if model.precision == "fast" else 0
+    lookup = _lookup(draft)
     tokenizer = model.tokenizer
     pool = context_pool(model)
     ctx = pool.acquire()
@@ -294,12 +370,12 @@ def model_generate(
         raise
     if not stream:
         try:
-            return req.completion(_drive(ctx, req, ctx.n_batch))
+            return req.completion(_drive(ctx, req, ctx.n_batch, lookup))
         finally:
             pool.release(ctx)
 
     def chunks() -> Iterator[CompletionChunk]:
-        it = _drive(ctx, req, ctx.n_batch)
+        it = _drive(ctx, req, ctx.n_batch, lookup)
         try:
             yield from it
         finally:

@@ -21,10 +21,13 @@ class PromptTokensDetails(TypedDict):
     cached_tokens: int
 
 
-class Usage(TypedDict):
+class _Counts(TypedDict):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+
+
+class Usage(_Counts, total=False):
     prompt_tokens_details: PromptTokensDetails
 
 
@@ -34,7 +37,8 @@ class ServerTimings(TypedDict):
     ttft_ms from arrival to the first token, first_sample_ms (the sampler on the first
     token's logits). cache_n: prompt tokens taken from the prefix cache, not evaluated
     (prompt_n counts the evaluated ones). predicted_n counts every token sampled, an
-    end-of-turn token included."""
+    end-of-turn token included. draft_n: tokens guessed by speculative decoding,
+    draft_n_accepted of them kept."""
 
     prompt_n: int
     prompt_ms: float
@@ -46,6 +50,8 @@ class ServerTimings(TypedDict):
     queue_ms: float
     tokenize_ms: float
     first_sample_ms: float
+    draft_n: int
+    draft_n_accepted: int
     ttft_ms: float | None
 
 
@@ -151,14 +157,17 @@ class ChatCompletionChunk(_ChatCompletionChunkBase, total=False):
 # ---- builders
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
-    """prompt_tokens: the whole prompt, cached_tokens of it from the prefix cache."""
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> Usage:
+    """prompt_tokens: the whole prompt; cached_tokens of it from the prefix cache, given by
+    the server (OpenAI's prompt_tokens_details), left out by Llama (llama-cpp-python's shape)."""
+    u: Usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if cached_tokens is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return u
 
 
 def server_timings(t: Timings) -> ServerTimings:
@@ -175,6 +184,8 @@ def server_timings(t: Timings) -> ServerTimings:
         "queue_ms": t.queue_s * 1e3,
         "tokenize_ms": t.tokenize_s * 1e3,
         "first_sample_ms": t.first_sample_s * 1e3,
+        "draft_n": t.draft_tokens,
+        "draft_n_accepted": t.draft_accepted,
         "ttft_ms": None if t.ttft_s is None else t.ttft_s * 1e3,
     }
 

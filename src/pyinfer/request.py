@@ -76,6 +76,8 @@ class Timings:
     prompt_tokens: int = 0  # evaluated in prefill
     cached_tokens: int = 0  # of the prompt, found in a cached prefix (not evaluated)
     first_sample_s: float = 0.0  # the sampler on the first token's logits (logprobs included)
+    draft_tokens: int = 0  # guessed by speculative decoding (prompt lookup)
+    draft_accepted: int = 0  # of them, kept
     sampled_tokens: int = 0  # an end-of-turn token included
     token_intervals_s: list[float] = field(default_factory=list)
 
