@@ -15,13 +15,14 @@ import pytest
 
 from pyinfer import _C
 from pyinfer.bench import studies
+from pyinfer.bench.common import median
 from pyinfer.bench.engines import parse_llama_bench
 from pyinfer.bench.synthetic import PRESETS, write_synthetic_llama
 from pyinfer.gguf import GGUFReader
 from pyinfer.model import Model
 from pyinfer.quantize import TARGET_TYPES, derived_path, quantize_model
 
-STUDIES = ["ceiling", "roofline", "formats", "context", "batch", "prefill", "model_size", "peers"]
+STUDIES = ["ceiling", "roofline", "formats", "context", "batch", "prefill", "model_size", "peers", "speculative"]
 
 # Relative bound on |logits - source logits| / max |source logits| after re-quantizing the
 # tiny model's matrices: float formats lose only rounding, the 4-bit block formats a lot
@@ -411,3 +412,14 @@ def test_serve_level_is_cut_off_at_its_time_limit() -> None:
     assert wall == max(r.end for r in res) - min(r.sent for r in res)
     out = summarize(res, wall, plan)
     assert out["completed"] == 0 and out["failed"] == 2 and out["total_output_tokens"] == 0
+
+
+def test_speculative_report_is_consistent(bench_out: Path) -> None:
+    rep = _load(bench_out, "speculative")
+    assert {r["kind"] for r in rep["rows"]} == {"grounded", "open"}
+    for r in rep["rows"]:
+        assert r["plain_tokens_per_s"] == median(r["plain_samples"]) > 0
+        assert r["draft_tokens_per_s"] == median(r["draft_samples"]) > 0
+        assert r["speedup"] == pytest.approx(r["draft_tokens_per_s"] / r["plain_tokens_per_s"])
+        assert 0 <= r["draft_accepted"] <= r["draft_tokens"]
+    assert set(rep["geomean_speedup"]) == {"grounded", "open"}

@@ -197,8 +197,30 @@ def plot_serve(rep: dict[str, Any], path: Path) -> bool:
     return _save(fig, path)
 
 
+def plot_speculative(rep: dict[str, Any], path: Path) -> bool:
+    """Decode tokens/s per request, without and with drafts, the speed-up over each pair."""
+    rows = rep["rows"]
+    if not rows:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    x = np.arange(len(rows))
+    ax.bar(x - 0.2, [r["plain_tokens_per_s"] for r in rows], 0.4, label="plain (draft=0)")
+    ax.bar(x + 0.2, [r["draft_tokens_per_s"] for r in rows], 0.4, label="prompt lookup (draft=8)")
+    for i, r in enumerate(rows):
+        if r["speedup"]:
+            ax.annotate(f"{r['speedup']:.2f}x", (i, max(r["plain_tokens_per_s"], r["draft_tokens_per_s"])),
+                        ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [f"{r['request']}\n({r['kind']})" for r in rows], fontsize=7)
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(f"Speculative decoding by prompt lookup, greedy, {rep['threads']} thread(s)", fontsize=9)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Path], bool]] = {
     "ceiling": plot_ceiling, "roofline": plot_roofline, "formats": plot_formats, "context": plot_context,
     "batch": plot_batch, "prefill": plot_prefill, "model_size": plot_model_size, "peers": plot_peers,
-    "serve": plot_serve,
+    "speculative": plot_speculative, "serve": plot_serve,
 }

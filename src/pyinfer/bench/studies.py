@@ -31,6 +31,7 @@ from pyinfer.bench.engines import (
     resident_memory,
 )
 from pyinfer.bench.serve import study_serve
+from pyinfer.bench.speculative import study_speculative
 from pyinfer.bench.synthetic import PRESETS, synthetic_model
 from pyinfer.gguf import GGUFReader
 from pyinfer.gguf_types import GGMLType
@@ -719,5 +720,6 @@ STUDIES = {
     "prefill": study_prefill,
     "model_size": study_model_size,
     "peers": study_peers,
+    "speculative": study_speculative,
     "serve": study_serve,
 }
