@@ -185,6 +185,36 @@ def test_a_shared_system_prompt_comes_from_the_prefix_cache(client, server, mode
     assert metrics(server)["pyinfer:prefix_cache_hit_tokens_total"] >= base + second
 
 
+def test_structured_output(client):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "population": {"type": "integer", "minimum": 0}},
+              "required": ["city", "population"], "additionalProperties": False}
+    r = client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "A city and its population, as JSON."}], max_tokens=60,
+        temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "city", "schema": schema}})
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    r = client.completions.create(model="x", prompt="Is water wet? Answer:", max_tokens=5, temperature=1.0, seed=2,
+                                  extra_body={"guided_choice": [" yes", " no"]})
+    assert r.choices[0].text in (" yes", " no")
+    streamed = client.chat.completions.create(
+        model="x", messages=[{"role": "user", "content": "Give a JSON object with the keys colour and size for a small "
+                             "red ball."}], max_tokens=120, temperature=0,
+        response_format={"type": "json_object"}, stream=True)
+    text = "".join(ch.choices[0].delta.content or "" for ch in streamed if ch.choices)
+    assert isinstance(json.loads(text), dict)
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       extra_body={"guided_regex": "(unclosed"})
+    assert ei.value.body["param"] == "guided_regex" and "regex does not compile" in ei.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                       response_format={"type": "json_object"}, extra_body={"guided_regex": "a"})
+    assert "not several" in ei.value.body["message"]
+
+
 def test_stop_strings(client):
     full = client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     words = re.findall(r"[A-Za-z]{3,}", full)

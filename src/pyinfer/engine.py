@@ -358,8 +358,12 @@ class Engine:
         t0 = perf_counter() if started is None else started
         if self._closed:
             raise RuntimeError("the engine is closed")
-        ids, params = prompt_and_params(
-            prompt, lambda text: self.model.tokenize(text, add_bos=add_bos, special=special), sampling, "submit"
+        ids, params, constraint = prompt_and_params(
+            prompt,
+            self.model.tokenizer,
+            lambda text: self.model.tokenize(text, add_bos=add_bos, special=special),
+            sampling,
+            "submit",
         )
         # The cache holds the prompt and every sampled token but the last; a request that
         # may run past the context gets the whole context and ends there ("length").
@@ -378,6 +382,7 @@ class Engine:
             cancel=CancelToken(),
             truncate=truncate,
             special=special,
+            constraint=constraint,
             started=t0,
             tokenize_s=perf_counter() - t0,
         )

@@ -342,8 +342,9 @@ def model_generate(
     """
     if started is None:
         started = perf_counter()
-    ids, params = prompt_and_params(
-        prompt, lambda text: model.tokenize(text, add_bos=add_bos, special=special), sampling, "generate"
+    ids, params, constraint = prompt_and_params(
+        prompt, model.tokenizer, lambda text: model.tokenize(text, add_bos=add_bos, special=special), sampling,
+        "generate",
     )
     if draft is None:
         draft = DEFAULT_DRAFT if model.precision == "fast" else 0
@@ -362,6 +363,7 @@ def model_generate(
             cancel=cancel,
             truncate=truncate,
             special=special,
+            constraint=constraint,
             started=started,
             tokenize_s=perf_counter() - started,
         )

@@ -27,13 +27,16 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, cast
 
 import numpy as np
 
 from pyinfer.errors import ContextOverflowError, ParameterTypeError
 from pyinfer.sampling import INT32_MAX, Sampler, SamplingParams, TokenLogprob
 from pyinfer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from pyinfer.constraint import Constraint
 
 FinishReason = Literal["stop", "length", "cancelled"]
 
@@ -78,6 +81,7 @@ class Timings:
     first_sample_s: float = 0.0  # the sampler on the first token's logits (logprobs included)
     draft_tokens: int = 0  # guessed by speculative decoding (prompt lookup)
     draft_accepted: int = 0  # of them, kept
+    constraint_s: float = 0.0  # computing the constraint's token masks and advancing it (in sample_s)
     sampled_tokens: int = 0  # an end-of-turn token included
     token_intervals_s: list[float] = field(default_factory=list)
 
@@ -149,12 +153,24 @@ class StepResult:
 # ---- argument checks
 
 
+CONSTRAINT_KEYWORDS = ("constraint", "response_format", "grammar", "regex", "choice", "json_schema")
+
+
 def prompt_and_params(
-    prompt: object, tokenize: Callable[[str], list[int]], sampling: dict[str, object], caller: str
-) -> tuple[Sequence[int] | np.ndarray, SamplingParams]:
-    """A request's prompt ids (a text tokenized with `tokenize`, or ids as given) and its
-    SamplingParams from the sampling keywords, for the entry points that take both
-    (generate, Engine.submit); an unknown keyword is a TypeError naming `caller`."""
+    prompt: object, tokenizer: Tokenizer, tokenize: Callable[[str], list[int]], sampling: dict[str, object],
+    caller: str,
+) -> tuple[Sequence[int] | np.ndarray, SamplingParams, Constraint | None]:
+    """A request's prompt ids (a text tokenized with `tokenize`, or ids as given), its
+    SamplingParams from the sampling keywords and its Constraint from the constraint
+    keywords (CONSTRAINT_KEYWORDS: pyinfer.constraint.constraint_from's), for the entry
+    points that take them (generate, Engine.submit); an unknown keyword is a TypeError naming
+    `caller`."""
+    wanted = {k: sampling.pop(k) for k in CONSTRAINT_KEYWORDS if k in sampling}
+    constraint = None
+    if any(v is not None for v in wanted.values()):
+        from pyinfer.constraint import constraint_from
+
+        constraint = constraint_from(tokenizer, **wanted)  # type: ignore[arg-type]
     ids: Sequence[int] | np.ndarray
     if isinstance(prompt, str):
         ids = tokenize(prompt)
@@ -170,7 +186,7 @@ def prompt_and_params(
         if "unexpected keyword" not in str(e):
             raise
         raise TypeError(f"{caller}(): {e}") from None
-    return ids, params
+    return ids, params, constraint
 
 
 def _prompt_list(prompt_ids: Sequence[int] | np.ndarray, n_vocab: int) -> list[int]:
@@ -355,7 +371,9 @@ class Request:
     longer than the free context loses its oldest tokens instead of raising
     ContextOverflowError, leaving room for max_tokens (but at most half the free context;
     None: half) and keeping a leading BOS when the tokenizer adds one. special: include
-    control tokens' text in the output. started, tokenize_s: when the request arrived
+    control tokens' text in the output. constraint: the tokens allowed at each step
+    (pyinfer.constraint; a finished text ends the request with "stop"). started,
+    tokenize_s: when the request arrived
     (perf_counter) and how long tokenizing took, so that timings cover the whole request.
 
     Raises here, before anything runs: an empty prompt, ids out of range, parameters of
@@ -375,6 +393,7 @@ class Request:
         cancel: CancelToken | None = None,
         truncate: Literal["left"] | None = None,
         special: bool = False,
+        constraint: Constraint | None = None,
         started: float | None = None,
         tokenize_s: float = 0.0,
     ) -> None:
@@ -417,6 +436,12 @@ class Request:
 
         self.params = params
         self.sampler = Sampler(params, tokenizer.vocab_size)
+        if constraint is not None:
+            from pyinfer.constraint import Constraint
+
+            if not isinstance(constraint, Constraint):
+                raise ParameterTypeError(f"constraint must be a Constraint, not {type(constraint).__name__}")
+        self.constraint = constraint
         self.prompt_ids = ids
         self.max_tokens = max_tokens
         self.cancel_token = cancel
@@ -477,6 +502,11 @@ class Request:
 
         sampler = self.sampler
         ts = perf_counter()
+        if self.constraint is not None:
+            # Tokens that would leave the language are out; the log-probabilities are those
+            # of what was sampled from.
+            logits = np.where(self.constraint.allowed(), logits, np.float32(-np.inf))
+            tm.constraint_s += perf_counter() - ts
         tok = sampler.sample(logits, self.history)
         lp = sampler.logprob(logits, tok) if self._want_lp else None
         self._t_last = perf_counter()
@@ -490,6 +520,10 @@ class Request:
         self._n += 1
         if tok in self._eot:
             return self._finish("stop", tok)
+        if self.constraint is not None:
+            ta = perf_counter()
+            self.constraint.advance(tok)
+            tm.constraint_s += perf_counter() - ta
         self.history.append(tok)
         self._ids.append(tok)
         if lp is not None:
@@ -498,6 +532,8 @@ class Request:
         if hit is not None:
             # Text after a stop string is dropped: no flush of the held text or the decoder.
             return self._end(emit, "stop", hit)
+        if self.constraint is not None and self.constraint.done:  # the text is complete
+            return self._finish("stop", emit=emit)
         if self.max_tokens is not None and self._n >= self.max_tokens:
             return self._finish("length", emit=emit)
         if self._pos >= self.n_ctx:  # no room to evaluate this token

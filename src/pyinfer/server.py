@@ -32,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pyinfer import openai_types
+from pyinfer.constraint import ConstraintError
 from pyinfer.engine import Engine, RequestHandle
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, OverloadedError
 from pyinfer.request import Completion, CompletionChunk, Request, stop_strings
@@ -138,6 +139,35 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
             raise _bad("logit_bias", str(e)) from None
         out["logit_bias"] = parsed
     return out
+
+
+# Request fields that constrain the output -> Engine.submit's keyword: OpenAI's
+# response_format, llama.cpp server's grammar / json_schema, vLLM's guided_* fields.
+CONSTRAINT_FIELDS = {
+    "response_format": "response_format", "grammar": "grammar", "json_schema": "json_schema",
+    "guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar",
+}
+
+
+def _constraint(body: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The constraint keyword of a request and the field it came from (at most one)."""
+    given = [f for f in CONSTRAINT_FIELDS if body.get(f) is not None]
+    if body.get("response_format") == {"type": "text"}:
+        given.remove("response_format")
+    if len(given) > 1:
+        raise _bad(given[1], f"give one of {', '.join(given)}, not several")
+    if not given:
+        return {}, None
+    f = given[0]
+    v = body[f]
+    kinds: dict[str, tuple[type, ...]] = {"response_format": (dict,), "guided_choice": (list,),
+                                          "json_schema": (dict, str), "guided_json": (dict, str)}
+    ok = kinds.get(f, (str,))
+    if not isinstance(v, ok):
+        names: dict[type, str] = {dict: "an object", list: "a list", str: "a string"}
+        want = " or ".join(names[t] for t in ok)
+        raise _bad(f, f"{f} must be {want}, not {type(v).__name__}")
+    return {CONSTRAINT_FIELDS[f]: v}, f
 
 
 def _stop(body: Mapping[str, Any]) -> list[str]:
@@ -349,9 +379,13 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         return APIError(500, f"internal error: {exc!r}", type="server_error").response()
 
     async def submit(prompt: str | list[int], kwargs: dict[str, Any], started: float,
-                     prompt_param: str) -> RequestHandle:
+                     prompt_param: str, body: Mapping[str, Any]) -> RequestHandle:
+        constraint, constraint_field = _constraint(body)
+        kwargs = {**kwargs, **constraint}
         try:
             return await run_in_threadpool(lambda: engine.submit(prompt, started=started, **kwargs))
+        except ConstraintError as e:
+            raise APIError(400, str(e), param=constraint_field) from None
         except ContextOverflowError as e:
             raise APIError(400, str(e), param=prompt_param, code="context_length_exceeded") from None
         except OverloadedError as e:
@@ -462,7 +496,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         include_usage = _include_usage(body)
         kwargs = {**_sampling(body), "stop": _stop(body), "logprobs": n_lp,
                   "max_tokens": 16 if "max_tokens" not in body else max_tokens}
-        handle = await submit(prompt, kwargs, started, "prompt")
+        handle = await submit(prompt, kwargs, started, "prompt", body)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         prompt_text = prompt if isinstance(prompt, str) else ""
 
@@ -508,8 +542,6 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         body = await _json_body(request, max_body_bytes)
         _common(body)
         messages = _messages(body)
-        _refuse(body, "response_format", lambda v: isinstance(v, dict) and v.get("type", "text") == "text",
-                "constrained output (JSON) is not implemented")
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise _bad("tools", "tools must be a list")
@@ -531,7 +563,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         except (ValueError, ChatTemplateError) as e:
             raise _bad("messages", str(e)) from None
         kwargs = {**_sampling(body), "stop": _stop(body), "logprobs": n_lp, "max_tokens": max_tokens}
-        handle = await submit(ids, kwargs, started, "messages")
+        handle = await submit(ids, kwargs, started, "messages", body)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
         if not streamed:
