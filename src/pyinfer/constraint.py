@@ -102,6 +102,8 @@ class Constraint:
             raise ConstraintError(f"the {description} does not compile: {self._m.get_error()}")
         self._n_vocab = tokenizer.vocab_size
         self._bits = np.empty((self._n_vocab + 31) // 32, np.int32)
+        self._buf: np.ndarray | None = None
+        self._ninf: np.ndarray | None = None
 
     # -- the languages
 
@@ -179,8 +181,17 @@ class Constraint:
         if m.is_error():
             raise ConstraintError(f"the {self.description} cannot go on: {m.get_error()}")
         m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
-        return bits[: self._n_vocab].astype(bool)
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)[: self._n_vocab]
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        """logits with every token allowed() refuses at -inf, in a buffer this constraint
+        reuses at its next call."""
+        if self._buf is None or self._ninf is None:
+            self._buf = np.empty(self._n_vocab, np.float32)
+            self._ninf = np.full(self._n_vocab, -np.inf, np.float32)
+        np.copyto(self._buf, self._ninf)
+        np.copyto(self._buf, logits, where=self.allowed())
+        return self._buf
 
     def advance(self, token: int) -> None:
         """The token chosen (one allowed() permitted)."""

@@ -505,7 +505,7 @@ class Request:
         if self.constraint is not None:
             # Tokens that would leave the language are out; the log-probabilities are those
             # of what was sampled from.
-            logits = np.where(self.constraint.allowed(), logits, np.float32(-np.inf))
+            logits = self.constraint.masked(logits)
             tm.constraint_s += perf_counter() - ts
         tok = sampler.sample(logits, self.history)
         lp = sampler.logprob(logits, tok) if self._want_lp else None
