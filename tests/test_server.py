@@ -215,6 +215,56 @@ def test_structured_output(client):
     assert "not several" in ei.value.body["message"]
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather now in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 20}},
+                                       "required": ["zone"], "additionalProperties": False}}}
+
+
+def test_tool_calls(client):
+    import jsonschema
+
+    ask = [{"role": "user", "content": "What is the weather like in Paris?"}]
+    r = client.chat.completions.create(model="x", messages=ask, tools=[WEATHER, TIME], tool_choice="required",
+                                       max_tokens=80, temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "tool_calls" and ch.message.content is None
+    (call,) = ch.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_") and call.function.name in ("get_weather", "get_time")
+    schema = (WEATHER if call.function.name == "get_weather" else TIME)["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+    named = client.chat.completions.create(model="x", messages=ask, tools=[WEATHER, TIME], max_tokens=80,
+                                           temperature=0.9, seed=4,
+                                           tool_choice={"type": "function", "function": {"name": "get_time"}})
+    (call,) = named.choices[0].message.tool_calls
+    assert call.function.name == "get_time"
+    jsonschema.validate(json.loads(call.function.arguments), TIME["function"]["parameters"])
+    # Streamed: the call arrives as tool_calls deltas, then finish_reason "tool_calls".
+    chunks = list(client.chat.completions.create(model="x", messages=ask, tools=[WEATHER], tool_choice="required",
+                                                 max_tokens=80, temperature=0, stream=True))
+    deltas = [d for c in chunks if c.choices for d in (c.choices[0].delta.tool_calls or [])]
+    assert deltas and deltas[0].function.name == "get_weather"
+    args = "".join(d.function.arguments or "" for d in deltas)
+    jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    # "auto" and "none": a plain question gets text.
+    for choice in ("auto", "none"):
+        r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Say hello."}],
+                                           tools=[WEATHER], tool_choice=choice, max_tokens=8, temperature=0)
+        assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+    for kw, field in (({"tools": [{"type": "function"}]}, "tools"),
+                      ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                       "tool_choice"),
+                      ({"tool_choice": "required"}, "tool_choice")):
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.chat.completions.create(model="x", messages=ask, max_tokens=4, **kw)
+        assert ei.value.body["param"] == field, ei.value.body
+
+
 def test_stop_strings(client):
     full = client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     words = re.findall(r"[A-Za-z]{3,}", full)

@@ -104,9 +104,13 @@ class ChatLogprobs(TypedDict):
     refusal: None
 
 
-class ChatMessage(TypedDict):
+class _ChatMessageBase(TypedDict):
     role: str
-    content: str
+    content: str | None  # None when the reply is a tool call
+
+
+class ChatMessage(_ChatMessageBase, total=False):
+    tool_calls: list[dict[str, Any]]
 
 
 class ChatChoice(TypedDict):
@@ -132,6 +136,7 @@ class ChatCompletion(_ChatCompletionBase, total=False):
 class ChatDelta(TypedDict, total=False):
     role: str
     content: str
+    tool_calls: list[dict[str, Any]]
 
 
 class ChatChunkChoice(TypedDict):

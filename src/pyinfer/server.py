@@ -37,6 +37,7 @@ from pyinfer.engine import Engine, RequestHandle
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, OverloadedError
 from pyinfer.request import Completion, CompletionChunk, Request, stop_strings
 from pyinfer.sampling import SamplingParams
+from pyinfer.tools import ToolError, parse_tool_call, parse_tools, tool_call_schema, tools_message
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 MAX_LOGPROBS = 20  # alternatives per token a request may ask for
@@ -542,10 +543,14 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         body = await _json_body(request, max_body_bytes)
         _common(body)
         messages = _messages(body)
-        tools = body.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise _bad("tools", "tools must be a list")
-        _refuse(body, "tool_choice", lambda v: v in ("none", "auto"), "forcing a tool call needs constrained output")
+        try:
+            spec = parse_tools(body.get("tools"), body.get("tool_choice"))
+        except ToolError as e:
+            raise _bad(e.field, str(e)) from None
+        if spec is not None and spec.forced is not None:
+            if _constraint(body)[1] is not None:
+                raise _bad("tool_choice", "a required tool call cannot be combined with another constraint")
+            body = {**body, "json_schema": tool_call_schema(spec)}  # the call, constrained
         max_tokens = _opt_int(body, "max_completion_tokens", 0)
         if max_tokens is None:
             max_tokens = _opt_int(body, "max_tokens", 0)
@@ -556,7 +561,12 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         n_lp = (top or 0) if want_lp else None
         streamed = _opt_bool(body, "stream")
         include_usage = _include_usage(body)
-        template_kw = {"tools": tools} if tools is not None else {}
+        template_kw: dict[str, Any] = {}
+        if spec is not None:
+            if "tools" in model.chat_template.source:
+                template_kw["tools"] = body["tools"]
+            else:
+                messages = [tools_message(spec), *messages]
         try:
             ids = await run_in_threadpool(lambda: model.chat_template.encode(
                 tokenizer, messages, add_generation_prompt=True, **template_kw))
@@ -569,10 +579,14 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         if not streamed:
             c: Completion = await result(handle, request)
             lp = chat_logprobs_of(c.token_ids, c.logprobs) if n_lp is not None else None
+            call = parse_tool_call(c.text, spec) if spec is not None else None
+            message: openai_types.ChatMessage = {"role": "assistant", "content": c.text}
+            finish = _finish(c.finish_reason)
+            if call is not None:
+                message, finish = {"role": "assistant", "content": None, "tool_calls": [call.as_openai()]}, "tool_calls"
             out: openai_types.ChatCompletion = {
                 "id": cid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                             "logprobs": lp, "finish_reason": _finish(c.finish_reason)}],
+                "choices": [{"index": 0, "message": message, "logprobs": lp, "finish_reason": finish}],
                 "usage": openai_types.usage(c.prompt_tokens, len(c.token_ids), c.timings.cached_tokens),
                 "timings": openai_types.server_timings(c.timings),
             }
@@ -580,8 +594,11 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
 
         first = [True]
         n_out = [0]
+        # With tools, text that may be a call is held back until it is known to be one or not.
+        held: list[str] | None = [] if spec is not None else None
 
         def events(ch: CompletionChunk) -> list[Any]:
+            nonlocal held
             evs: list[Any] = []
             if first[0]:
                 first[0] = False
@@ -591,11 +608,25 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             if n_lp is not None and ch.token_ids:
                 lp = chat_logprobs_of(ch.token_ids, ch.logprobs)
             n_out[0] += len(ch.token_ids)
-            if ch.text:
-                evs.append(openai_types.chat_chunk(cid, model_name, created, {"content": ch.text}, lp, None))
+            text = ch.text
+            finish = _finish(ch.finish_reason) if ch.finish_reason is not None else None
+            if held is not None:
+                held.append(text)
+                so_far = "".join(held).lstrip()
+                maybe_call = spec is not None and (spec.forced is not None or not so_far or so_far.startswith("{"))
+                if maybe_call and finish is None:
+                    text = ""
+                elif maybe_call and spec is not None and (call := parse_tool_call("".join(held), spec)) is not None:
+                    evs.append(openai_types.chat_chunk(cid, model_name, created,
+                                                       {"tool_calls": [call.as_openai(0)]}, lp, None))
+                    text, lp, finish, held = "", None, "tool_calls", None
+                else:
+                    text, held = "".join(held), None
+            if text:
+                evs.append(openai_types.chat_chunk(cid, model_name, created, {"content": text}, lp, None))
                 lp = None
             if ch.finish_reason is not None:
-                last = openai_types.chat_chunk(cid, model_name, created, {}, lp, _finish(ch.finish_reason))
+                last = openai_types.chat_chunk(cid, model_name, created, {}, lp, finish)
                 assert ch.timings is not None
                 last["timings"] = openai_types.server_timings(ch.timings)
                 evs.append(last)
