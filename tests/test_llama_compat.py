@@ -560,7 +560,7 @@ def test_bad_arguments(llm):
         llm("Hi", mirostat_mode=2)
     with pytest.raises(NotImplementedError, match="typical_p"):
         llm("Hi", typical_p=0.5)
-    with pytest.raises(NotImplementedError, match="grammar"):
+    with pytest.raises(TypeError, match="grammar must be a LlamaGrammar"):
         llm("Hi", grammar=object())
     with pytest.raises(ValueError, match="vocabulary"):
         llm([1, 10**6])
@@ -572,8 +572,39 @@ def test_bad_arguments(llm):
         llm.eval("some text")
     with pytest.raises(ValueError, match="role"):
         llm.create_chat_completion(messages=[{"role": "wizard", "content": "Hi"}])
-    with pytest.raises(NotImplementedError, match="response_format"):
-        llm.create_chat_completion(messages=MESSAGES, response_format={"type": "json_object"})
+    with pytest.raises(ValueError, match=r"response_format\.type must be"):
+        llm.create_chat_completion(messages=MESSAGES, response_format={"type": "yaml"})
     with pytest.raises(ValueError, match="seed"):
         llm("Hi", seed=-5)
     llm.reset()
+
+
+def test_grammars_response_format_and_tool_calls(llm):
+    """llama-cpp-python's constrained paths: LlamaGrammar (GBNF and JSON schema), JSON
+    response_format, and forced tool calls returned as tool_calls."""
+    import json
+
+    import jsonschema
+
+    from pyinfer.llama_compat import LlamaGrammar
+
+    g = LlamaGrammar.from_string('root ::= "yes" | "no"')
+    assert llm("Is water wet? Answer: ", grammar=g, max_tokens=4, temperature=0.9)["choices"][0]["text"] in (
+        "yes", "no")
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    out = llm("A number as JSON: ", grammar=LlamaGrammar.from_json_schema(json.dumps(schema)), max_tokens=20)
+    jsonschema.validate(json.loads(out["choices"][0]["text"]), schema)
+    r = llm.create_chat_completion(messages=MESSAGES, response_format={"type": "json_object", "schema": schema},
+                                   max_tokens=20)
+    jsonschema.validate(json.loads(r["choices"][0]["message"]["content"]), schema)
+    tool = {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"], "additionalProperties": False}}}
+    r = llm.create_chat_completion(messages=[{"role": "user", "content": "Add 2 and 3."}], tools=[tool],
+                                   tool_choice={"type": "function", "function": {"name": "add"}}, max_tokens=40)
+    ch = r["choices"][0]
+    assert ch["finish_reason"] == "tool_calls" and ch["message"]["content"] is None
+    call = ch["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "add"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])

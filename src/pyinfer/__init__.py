@@ -8,7 +8,7 @@ from pyinfer.chat import ChatTemplate
 from pyinfer.engine import Engine, RequestHandle
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, GGUFError, OverloadedError
 from pyinfer.generate import CancelToken, Completion, CompletionChunk, Timings
-from pyinfer.llama_compat import Llama
+from pyinfer.llama_compat import Llama, LlamaGrammar
 from pyinfer.model import Batch, Context, Model
 from pyinfer.sampling import SamplingParams
 from pyinfer.tokenizer import Tokenizer
@@ -37,6 +37,7 @@ __all__ = [
     "Engine",
     "GGUFError",
     "Llama",
+    "LlamaGrammar",
     "Model",
     "OverloadedError",
     "RequestHandle",

@@ -30,6 +30,7 @@ from pyinfer.sampling import SamplingParams
 from pyinfer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from pyinfer.constraint import Constraint
     from pyinfer.model import Context, Model
 
 __all__ = [
@@ -101,6 +102,7 @@ def generate(
     n_batch: int = 512,
     truncate: Literal["left"] | None = None,
     special: bool = False,
+    constraint: Constraint | None = None,
     started: float | None = None,
     tokenize_s: float = 0.0,
     draft: int = 0,
@@ -121,6 +123,7 @@ def generate(
     n_batch: int = 512,
     truncate: Literal["left"] | None = None,
     special: bool = False,
+    constraint: Constraint | None = None,
     started: float | None = None,
     tokenize_s: float = 0.0,
     draft: int = 0,
@@ -140,6 +143,7 @@ def generate(
     n_batch: int = 512,
     truncate: Literal["left"] | None = None,
     special: bool = False,
+    constraint: Constraint | None = None,
     started: float | None = None,
     tokenize_s: float = 0.0,
     draft: int = 0,
@@ -155,9 +159,10 @@ def generate(
     stream=True returns an iterator of CompletionChunk (text only at character
     boundaries, a possible stop string held back); closing it stops the loop at once.
     The other keywords are the Request's: max_tokens (None: until an end-of-turn token or
-    a full context; 0: prefill only), stop, cancel, truncate="left", special, started and
-    tokenize_s. draft > 0: speculative decoding by prompt lookup (`pyinfer.lookup`), up to
-    `draft` tokens guessed per pass, verified in one forward pass; ctx must be a
+    a full context; 0: prefill only), stop, cancel, truncate="left", special, constraint
+    (pyinfer.constraint), started and tokenize_s. draft > 0: speculative decoding by prompt
+    lookup (`pyinfer.lookup`), up to `draft` tokens guessed per pass, verified in one
+    forward pass; ctx must be a
     DraftingContext. The tokens are those of plain decoding when the context's rows do not
     depend on the pass they are in (precision="fast"); the cache then also holds only the
     tokens kept.
@@ -178,6 +183,7 @@ def generate(
         cancel=cancel,
         truncate=truncate,
         special=special,
+        constraint=constraint,
         started=started,
         tokenize_s=tokenize_s,
     )

@@ -37,9 +37,12 @@ Where it differs (pyinfer runs on CPUs only, and some features are not implement
   and ignored. Those that would change results and are not implemented (`lora_path`,
   `kv_overrides`, `draft_model`, `embedding=True`, ...) raise NotImplementedError unless left
   at their default. An unknown keyword raises TypeError (llama-cpp-python ignores it).
-- Sampling: `typical_p` other than 1, `mirostat_mode` other than 0, `grammar`,
-  `logits_processor`, `stopping_criteria`, JSON `response_format`, function calling and
-  forced `tool_choice` raise NotImplementedError. Temperature is applied before top-k/top-p/
+- Constraints: `grammar=LlamaGrammar.from_string(gbnf)` / `.from_json_schema(text)`,
+  `response_format` {"type": "json_object"} (with an optional "schema") and forced
+  `tool_choice` / `function_call` (returned as "tool_calls") go through pyinfer.constraint
+  (llguidance); a forced call is not streamed.
+- Sampling: `typical_p` other than 1, `mirostat_mode` other than 0, `logits_processor` and
+  `stopping_criteria` raise NotImplementedError. Temperature is applied before top-k/top-p/
   min-p (see pyinfer.sampling), and the repetition penalties look at the prompt as well as
   the generated tokens (llama-cpp-python: the generated ones only), so sampled (not greedy) text
   differs from llama-cpp-python's for the same seed; the random generators differ anyway.
@@ -80,11 +83,14 @@ import numpy as np
 
 from pyinfer import _C, openai_types
 from pyinfer.chat import ChatTemplate
+from pyinfer.constraint import Constraint, constraint_from
 from pyinfer.errors import ContextOverflowError, ParameterTypeError
 from pyinfer.generate import CompletionChunk, generate
 from pyinfer.model import Model
 from pyinfer.registry import resolve_model
 from pyinfer.sampling import SamplingParams, TokenLogprob, log_softmax
+from pyinfer.tokenizer import Tokenizer
+from pyinfer.tools import parse_tool_call, parse_tools, tool_call_schema
 
 # llama.cpp's "pick a random seed" value, llama-cpp-python's default seed.
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
@@ -219,6 +225,46 @@ def _not_implemented(name: str, value: Any, default: Any) -> None:
         raise NotImplementedError(
             f"{name}={value!r} is not supported by pyinfer.Llama (only {default!r})"
         )
+
+
+class LlamaGrammar:
+    """llama-cpp-python's grammar object: a GBNF grammar (`from_string`, `from_file`) or a
+    JSON schema (`from_json_schema`), constraining a completion through `grammar=`. It holds
+    the source; each completion compiles its own pyinfer.constraint.Constraint (llguidance)."""
+
+    def __init__(self, *, _kind: str, _source: str) -> None:
+        self._kind, self._source = _kind, _source
+
+    @classmethod
+    def from_string(cls, grammar: str, verbose: bool = True) -> LlamaGrammar:
+        if not isinstance(grammar, str):
+            raise ParameterTypeError(f"grammar must be a str, not {type(grammar).__name__}")
+        return cls(_kind="gbnf", _source=grammar)
+
+    @classmethod
+    def from_file(cls, file: str | os.PathLike[str], verbose: bool = True) -> LlamaGrammar:
+        return cls.from_string(Path(file).read_text(encoding="utf-8"), verbose)
+
+    @classmethod
+    def from_json_schema(cls, json_schema: str, verbose: bool = True) -> LlamaGrammar:
+        if not isinstance(json_schema, str):
+            raise ParameterTypeError(f"json_schema must be a JSON str, not {type(json_schema).__name__}")
+        return cls(_kind="json_schema", _source=json_schema)
+
+    def constraint(self, tokenizer: Tokenizer) -> Constraint:
+        if self._kind == "gbnf":
+            return Constraint.gbnf(tokenizer, self._source)
+        return Constraint.json_schema(tokenizer, self._source)
+
+
+def _grammar_constraint(grammar: object, tokenizer: Tokenizer) -> Constraint | None:
+    if grammar is None:
+        return None
+    if isinstance(grammar, Constraint):
+        return grammar
+    if not isinstance(grammar, LlamaGrammar):
+        raise ParameterTypeError(f"grammar must be a LlamaGrammar, not {type(grammar).__name__}")
+    return grammar.constraint(tokenizer)
 
 
 class _Sequence:
@@ -614,11 +660,11 @@ class Llama:
         _not_implemented("typical_p", typical_p, 1.0)
         _not_implemented("mirostat_mode", mirostat_mode, 0)
         for name, value in (
-            ("grammar", grammar),
             ("logits_processor", logits_processor),
             ("stopping_criteria", stopping_criteria),
         ):
             _not_implemented(name, value, None)
+        constraint = _grammar_constraint(grammar, self._tokenizer)
         if max_tokens is not None and (
             isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer))
         ):
@@ -698,6 +744,7 @@ class Llama:
             stop=stops,
             stream=True,
             n_batch=self.n_batch,
+            constraint=constraint,
         )
 
         def shape(
@@ -843,29 +890,32 @@ class Llama:
         dict, or with stream=True "chat.completion.chunk" dicts (a first delta with the
         role, then the content, then an empty delta with the finish_reason).
 
-        tools are passed to the template (the reply is returned as text: tool calls are not
-        parsed); forcing a tool (tool_choice / function_call naming one, "required") and a
-        JSON response_format need grammar-constrained sampling, which is not implemented.
+        tools are passed to the template; with tool_choice / function_call forcing a call
+        ("required" or a named function) the reply is constrained to one and returned as
+        "tool_calls" (with "auto", a reply that is a JSON call of a known function is too). A
+        JSON response_format or a grammar constrains the reply.
         """
         if self._chat_template is None:
             raise ValueError(
                 f"{self.model_path} has no chat template (tokenizer.chat_template): pass "
                 "chat_format='chatml' or use create_completion"
             )
-        constrained = None
-        if isinstance(function_call, Mapping):
-            constrained = f"function_call={function_call!r}"
-        elif tool_choice is not None and tool_choice not in ("none", "auto"):
-            constrained = f"tool_choice={tool_choice!r}"
-        elif response_format is not None and response_format.get("type", "text") != "text":
-            constrained = f"response_format={response_format!r}"
-        if constrained is not None:
-            raise NotImplementedError(
-                f"{constrained} needs grammar-constrained sampling, which pyinfer.Llama does "
-                "not implement"
-            )
         if functions is not None and tools is None:
             tools = [{"type": "function", "function": f} for f in functions]
+            if isinstance(function_call, Mapping):
+                tool_choice = {"type": "function", "function": {"name": function_call.get("name")}}
+            elif function_call is not None:
+                tool_choice = function_call
+        spec = parse_tools(tools, tool_choice)
+        given = [n for n, v in (("grammar", grammar), ("response_format", response_format)) if v is not None]
+        if response_format is not None and response_format.get("type", "text") != "text":
+            grammar = constraint_from(self._tokenizer, response_format=response_format)
+        if spec is not None and spec.forced is not None:
+            if given:
+                raise ValueError(f"a forced tool call cannot be combined with {given[0]}")
+            if stream:
+                raise NotImplementedError("a forced tool call is not streamed by pyinfer.Llama: pass stream=False")
+            grammar = Constraint.json_schema(self._tokenizer, tool_call_schema(spec))
         render_kwargs = {"tools": tools} if tools is not None else {}
         ids = self._chat_template.encode(
             self._tokenizer, messages, add_generation_prompt=True, **render_kwargs
@@ -903,7 +953,12 @@ class Llama:
         )
         if not stream:
             assert isinstance(result, dict)
-            return openai_types.chat_completion(result)
+            out = openai_types.chat_completion(result)
+            call = parse_tool_call(out["choices"][0]["message"]["content"] or "", spec) if spec else None
+            if call is not None:
+                out["choices"][0]["message"] = {"role": "assistant", "content": None, "tool_calls": [call.as_openai()]}
+                out["choices"][0]["finish_reason"] = "tool_calls"
+            return out
         assert not isinstance(result, dict)
         it = openai_types.chat_chunks(result)
         self._stream = it
