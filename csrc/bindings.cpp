@@ -568,23 +568,27 @@ PyModel make_model_py(const std::string& arch, const py::dict& params, const py:
   return out;
 }
 
-// Runs ids (int32 [n]) through the context; logits is float32 [n or 1, n_vocab], written in place.
-void sequence_eval_py(Sequence& ctx, py::array ids, py::array logits, bool all_logits, const std::string& precision,
-                      int n_threads) {
+// Runs ids (int32 [n]) through the context; out is float32 [n or 1, width] written in place:
+// logits (width n_vocab), or with hidden the final hidden states (width n_embd).
+void sequence_run_py(Sequence& ctx, py::array ids, py::array out, bool all_rows, const std::string& precision,
+                     int n_threads, bool hidden) {
   if (ids.ndim() != 1 || !ids.dtype().is(py::dtype::of<int32_t>()) || !(ids.flags() & py::array::c_style))
     throw py::value_error("ids must be a 1-D C-contiguous int32 array");
   const int64_t n = ids.shape(0);
-  const int64_t rows = all_logits ? n : 1;
-  const int64_t n_vocab = ctx.n_vocab();
-  if (!is_c_f32(logits) || !logits.writeable() || logits.ndim() != 2 || logits.shape(0) != rows ||
-      logits.shape(1) != n_vocab)
-    throw py::value_error("logits must be a writeable C-contiguous float32 array [" + std::to_string(rows) + ", " +
-                          std::to_string(n_vocab) + "]");
+  const int64_t rows = all_rows ? n : 1;
+  const int64_t width = hidden ? ctx.model()->dims().n_embd : ctx.n_vocab();
+  const char* what = hidden ? "hidden" : "logits";
+  if (!is_c_f32(out) || !out.writeable() || out.ndim() != 2 || out.shape(0) != rows || out.shape(1) != width)
+    throw py::value_error(std::string(what) + " must be a writeable C-contiguous float32 array [" +
+                          std::to_string(rows) + ", " + std::to_string(width) + "]");
   const Precision m = parse_precision(precision);
   const auto* p_ids = static_cast<const int32_t*>(ids.data());
-  auto* p_logits = static_cast<float*>(logits.mutable_data());
+  auto* p_out = static_cast<float*>(out.mutable_data());
   py::gil_scoped_release release;
-  ctx.eval(p_ids, n, p_logits, all_logits, m, n_threads);
+  if (hidden)
+    ctx.embed(p_ids, n, p_out, all_rows, m, n_threads);
+  else
+    ctx.eval(p_ids, n, p_out, all_rows, m, n_threads);
 }
 
 // One step over len(contexts) sequences: counts int64 [n] tokens each, back to back in ids
@@ -737,10 +741,21 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("model"), py::arg("n_ctx"), py::arg("n_batch"), py::arg("kv_dtype") = "float32",
            py::keep_alive<1, 2>())  // the model's arrays (views of the mapped file) outlive the sequence
-      .def("eval", &sequence_eval_py, py::arg("ids"), py::arg("logits"), py::arg("all_logits"), py::arg("precision"),
-           py::arg("n_threads"),
-           "Run int32 ids (1..n_batch of them) at the next positions; write the logits of every token "
-           "(all_logits) or of the last into logits [rows, n_vocab].")
+      .def(
+          "eval",
+          [](Sequence& c, py::array ids, py::array logits, bool all_logits, const std::string& precision,
+             int n_threads) { sequence_run_py(c, ids, logits, all_logits, precision, n_threads, false); },
+          py::arg("ids"), py::arg("logits"), py::arg("all_logits"), py::arg("precision"), py::arg("n_threads"),
+          "Run int32 ids (1..n_batch of them) at the next positions; write the logits of every token "
+          "(all_logits) or of the last into logits [rows, n_vocab].")
+      .def(
+          "embed",
+          [](Sequence& c, py::array ids, py::array hidden, bool all_rows, const std::string& precision, int n_threads) {
+            sequence_run_py(c, ids, hidden, all_rows, precision, n_threads, true);
+          },
+          py::arg("ids"), py::arg("hidden"), py::arg("all_rows"), py::arg("precision"), py::arg("n_threads"),
+          "As eval, writing the final hidden states (after the output norm) of every token (all_rows) or of "
+          "the last into hidden [rows, n_embd].")
       .def("truncate", &Sequence::truncate, py::arg("n"), "Forget positions >= n.")
       .def("copy_prefix", &Sequence::copy_prefix, py::arg("src"), py::arg("n"),
            py::call_guard<py::gil_scoped_release>(),

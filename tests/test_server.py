@@ -265,6 +265,24 @@ def test_tool_calls(client):
         assert ei.value.body["param"] == field, ei.value.body
 
 
+def test_embeddings(client, model):
+    import numpy as np
+
+    texts = ["The cat sat on the mat.", "A kitten rested on the rug."]
+    r = client.embeddings.create(model="x", input=texts)  # the client asks for base64 and decodes it
+    got = np.array([d.embedding for d in r.data], np.float32)
+    np.testing.assert_allclose(got, model.embed(texts), rtol=0, atol=1e-6)
+    assert r.usage.prompt_tokens == sum(len(model.tokenize(t)) for t in texts)
+    one = client.embeddings.create(model="x", input=texts[0], encoding_format="float")
+    np.testing.assert_allclose(one.data[0].embedding, got[0], atol=1e-6)
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.embeddings.create(model="x", input="word " * 600)
+    assert ei.value.body["param"] == "input" and "n_ctx" in ei.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.embeddings.create(model="x", input=[])
+    assert ei.value.body["param"] == "input"
+
+
 def test_stop_strings(client):
     full = client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=0).choices[0].text
     words = re.findall(r"[A-Za-z]{3,}", full)

@@ -2,6 +2,7 @@
 // grouped-query attention, output projection, residual, RMSNorm, SwiGLU FFN; final norm, output
 // head): its config, the tensors it reads, and its forward pass, one call per prefill chunk or
 // decode step.
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -85,7 +86,7 @@ class LlamaModel final : public Model {
   }
 
   void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows, int64_t n_out,
-               float* logits, Precision precision, int n_threads) const override;
+               float* logits, Precision precision, int n_threads, float* hidden) const override;
 
  private:
   void repack_all() {
@@ -113,7 +114,7 @@ class LlamaModel final : public Model {
 };
 
 void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
-                         int64_t n_out, float* logits, Precision precision, int n_threads) const {
+                         int64_t n_out, float* logits, Precision precision, int n_threads, float* hidden) const {
   const ModelDims& c = dims();
   const int64_t E = c.n_embd, hd = c.head_dim, F = c.n_ff;
   const int64_t q_dim = c.n_head * hd, kv_dim = c.n_head_kv * hd;
@@ -191,7 +192,8 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
   }
   // Output head, only for the rows whose logits are wanted.
   for (int64_t i = 0; i < n_out; ++i) rms_norm_rows(x + out_rows[i] * E, output_norm_, xn + i * E, 1, E, eps);
-  matmul(output_, xn, n_out, logits, precision, n_threads);
+  if (hidden != nullptr) std::copy(xn, xn + n_out * E, hidden);
+  if (logits != nullptr) matmul(output_, xn, n_out, logits, precision, n_threads);
 }
 
 std::shared_ptr<const Model> make_llama(const Params& p, TensorMap& t, bool repack) {

@@ -239,6 +239,15 @@ void Sequence::truncate(int64_t n) {
 }
 
 void Sequence::eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, Precision precision, int n_threads) {
+  run(ids, n, logits, nullptr, all_logits, precision, n_threads);
+}
+
+void Sequence::embed(const int32_t* ids, int64_t n, float* hidden, bool all_rows, Precision precision, int n_threads) {
+  run(ids, n, nullptr, hidden, all_rows, precision, n_threads);
+}
+
+void Sequence::run(const int32_t* ids, int64_t n, float* logits, float* hidden, bool all_rows, Precision precision,
+                   int n_threads) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
   if (!lock.owns_lock()) throw std::runtime_error("this context is in use by another thread");
   const int64_t n_vocab = model_->dims().n_vocab;
@@ -255,11 +264,11 @@ void Sequence::eval(const int32_t* ids, int64_t n, float* logits, bool all_logit
     scratch_.ids[i] = ids[i];
     scratch_.pos[i] = n_past_ + i;
   }
-  const int64_t first = all_logits ? 0 : n - 1;
+  const int64_t first = all_rows ? 0 : n - 1;
   std::vector<int64_t> out_rows;  // [n - first]
   for (int64_t i = first; i < n; ++i) out_rows.push_back(i);
   model_->forward({Segment{&cache_, 0, n, n_past_}}, n, scratch_, out_rows.data(),
-                  static_cast<int64_t>(out_rows.size()), logits, precision, n_threads);
+                  static_cast<int64_t>(out_rows.size()), logits, precision, n_threads, hidden);
   n_past_ += n;
 }
 

@@ -96,9 +96,11 @@ class Model {
 
   // The forward pass over n_rows token rows (s.ids, s.pos set), cut into segments of one
   // sequence each, which it appends to their caches. logits[n_out][n_vocab] receives the
-  // rows out_rows[].
+  // rows out_rows[] (none when logits is nullptr); hidden[n_out][n_embd], when given, their
+  // final hidden states (after the output norm: what the output head reads, embeddings).
   virtual void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows,
-                       int64_t n_out, float* logits, Precision precision, int n_threads) const = 0;
+                       int64_t n_out, float* logits, Precision precision, int n_threads,
+                       float* hidden = nullptr) const = 0;
 
   // y[M][w.rows] = x[M][w.cols] @ W^T; fast mode goes through the repacked copy if there is one.
   static void matmul(const WeightRef& w, const float* x, int64_t M, float* y, Precision precision, int n_threads);
@@ -149,6 +151,9 @@ class Sequence {
   // [n_vocab]. Throws std::invalid_argument (bad id, no room) before changing any state,
   // and std::runtime_error if another thread is using this sequence.
   void eval(const int32_t* ids, int64_t n, float* logits, bool all_logits, Precision precision, int n_threads);
+  // As eval, writing the final hidden states (after the output norm) of every token (all_rows)
+  // or of the last to hidden [rows][n_embd] instead of logits.
+  void embed(const int32_t* ids, int64_t n, float* hidden, bool all_rows, Precision precision, int n_threads);
 
   int64_t n_past() const { return n_past_; }
   int64_t n_ctx() const { return n_ctx_; }
@@ -165,6 +170,8 @@ class Sequence {
 
  private:
   friend class Batch;
+  void run(const int32_t* ids, int64_t n, float* logits, float* hidden, bool all_rows, Precision precision,
+           int n_threads);
   std::shared_ptr<const Model> model_;
   int64_t n_ctx_, n_batch_;
   KVCache cache_;

@@ -218,6 +218,11 @@ class Sequence:
         """Run 1..n_batch int32 ids at the next positions; write the logits of every token
         (all_logits) or of the last into logits [rows, n_vocab]."""
 
+    def embed(self, ids: npt.NDArray[np.int32], hidden: npt.NDArray[np.float32], all_rows: bool,
+              precision: str, n_threads: int) -> None:
+        """As eval, writing the final hidden states (after the output norm) of every token
+        (all_rows) or of the last into hidden [rows, n_embd]."""
+
     def truncate(self, n: int) -> None:
         """Forget positions >= n."""
 

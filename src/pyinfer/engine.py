@@ -54,6 +54,7 @@ import os
 import threading
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, Literal
@@ -320,6 +321,7 @@ class Engine:
         self._predicted_total = 0
         self._cached_total = 0
         self._prefix_hits = 0
+        self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # run between steps
         self._thread = threading.Thread(target=self._loop, name="pyinfer-engine", daemon=True)
         self._thread.start()
 
@@ -407,6 +409,17 @@ class Engine:
             self._cond.notify()
         return handle
 
+    def embed(self, texts: str | Sequence[str] | Sequence[Sequence[int]], **kwargs: Any) -> Future[np.ndarray]:
+        """Model.embed(texts, **kwargs) run on the scheduler thread between two steps (the
+        model is the engine's): a Future of the embeddings."""
+        fut: Future[np.ndarray] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._jobs.append((lambda: self.model.embed(texts, **kwargs), fut))
+            self._cond.notify()
+        return fut
+
     def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> RequestHandle:
         """Submit a reply to a conversation, rendered with the model's chat template and an
         assistant header (what Model.chat runs); the keywords are submit's."""
@@ -464,10 +477,19 @@ class Engine:
         try:
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._closed or bool(self._waiting or self._running))
+                    self._cond.wait_for(lambda: self._closed or bool(self._waiting or self._running or self._jobs))
                     if self._closed:
                         break
-                self._step()
+                    jobs = list(self._jobs)
+                    self._jobs.clear()
+                for fn, fut in jobs:
+                    if fut.set_running_or_notify_cancel():
+                        try:
+                            fut.set_result(fn())
+                        except Exception as e:
+                            fut.set_exception(e)
+                if self._waiting or self._running:
+                    self._step()
         except BaseException as e:  # a bug in the scheduler: fail every request, not hang them
             self._closed = True
             self._fail_all(RuntimeError(f"the engine stopped: {e!r}"))
@@ -655,6 +677,10 @@ class Engine:
         with self._cond:
             self._idle.clear()
             self._bytes_idle = 0
+            jobs = list(self._jobs)
+            self._jobs.clear()
+        for _, fut in jobs:
+            fut.cancel()
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:

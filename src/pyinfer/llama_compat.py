@@ -35,7 +35,7 @@ Where it differs (pyinfer runs on CPUs only, and some features are not implement
 - Keyword arguments that only place or tune work on other hardware (`n_gpu_layers`,
   `use_mmap`, `use_mlock`, `n_ubatch`, `flash_attn`, ... see IGNORED_KWARGS) are accepted
   and ignored. Those that would change results and are not implemented (`lora_path`,
-  `kv_overrides`, `draft_model`, `embedding=True`, ...) raise NotImplementedError unless left
+  `kv_overrides`, `draft_model`, ...) raise NotImplementedError unless left
   at their default. An unknown keyword raises TypeError (llama-cpp-python ignores it).
 - Constraints: `grammar=LlamaGrammar.from_string(gbnf)` / `.from_json_schema(text)`,
   `response_format` {"type": "json_object"} (with an optional "schema") and forced
@@ -59,7 +59,9 @@ Where it differs (pyinfer runs on CPUs only, and some features are not implement
   streaming (the prompt is the first chunk).
 - The object has one context, so a call made while a stream is still open ends that stream
   (llama-cpp-python lets both go on evaluating into the same context).
-- Not provided: create_embedding / embed, the token-level generate() and sample(),
+- `create_embedding` and `embed` pool the final hidden states by their mean (Model.embed);
+  `embedding=True` is accepted and not needed.
+- Not provided: the token-level generate() and sample(),
   save_state / load_state / set_cache, from_pretrained (pyinfer loads no weights from a hub
   at run time) and tokenizer(). `.model` is the pyinfer Model (a C pointer in
   llama-cpp-python).
@@ -128,6 +130,7 @@ IGNORED_KWARGS = frozenset(
         "type_k",
         "type_v",
         "spm_infill",
+        "embedding",  # embeddings need no mode: create_embedding / embed work on any Llama
     }
 )
 
@@ -137,7 +140,6 @@ UNSUPPORTED_KWARGS: dict[str, Any] = {
     "kv_overrides": None,
     "rope_freq_base": 0.0,
     "rope_freq_scale": 0.0,
-    "embedding": False,
     "lora_base": None,
     "lora_path": None,
     "chat_handler": None,
@@ -424,6 +426,31 @@ class Llama:
             f"chat_format {chat_format!r} is not available: use None (the file's template), "
             f"{', '.join(map(repr, choices + named + ['chatml']))}"
         )
+
+    # -- embeddings --
+
+    def embed(self, input: str | list[str] | list[int] | list[list[int]], normalize: bool = False,
+              truncate: bool = True, return_count: bool = False) -> Any:
+        """Embedding of a text (a list of floats), or of each text of a list (a list of
+        lists): the mean of the final hidden states, scaled to unit length with normalize.
+        truncate: a text longer than n_ctx keeps its first n_ctx tokens (else ValueError).
+        return_count: also return the number of tokens embedded."""
+        one = isinstance(input, str) or (isinstance(input, list) and bool(input) and isinstance(input[0], int))
+        items: list[Any] = [input] if one else list(input)
+        ids = [self._tokenizer.tokenize(t) if isinstance(t, str) else list(t) for t in items]
+        if truncate:
+            ids = [t[: self._n_ctx] for t in ids]
+        rows = self.model.embed(ids, normalize=normalize).tolist() if ids else []  # contexts of its own
+        out = rows[0] if one else rows
+        return (out, sum(map(len, ids))) if return_count else out
+
+    def create_embedding(self, input: str | list[str], model: str | None = None) -> dict[str, Any]:
+        """The OpenAI "list" of "embedding" objects for a text or a list of texts."""
+        texts = [input] if isinstance(input, str) else list(input)
+        rows, n = self.embed(texts, normalize=True, return_count=True)
+        return {"object": "list", "model": model if model is not None else self.model_path,
+                "data": [{"object": "embedding", "embedding": r, "index": i} for i, r in enumerate(rows)],
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
 
     # -- tokens --
 

@@ -117,6 +117,17 @@ class Context:
                 self._ctx.eval(chunk, out, False, m.precision, m.n_threads)
         return out if all_logits else out[0]
 
+    def hidden(self, ids: Any) -> np.ndarray:
+        """Run ids at positions n_past.. like eval, returning every token's final hidden state
+        (after the output norm: what the output head reads) [len(ids), n_embd]."""
+        a = self._ids(ids)
+        m = self.model
+        out = np.empty((a.size, m.config.n_embd), np.float32)
+        for start in range(0, a.size, self.n_batch):
+            chunk = a[start : start + self.n_batch]
+            self._ctx.embed(chunk, out[start : start + chunk.size], True, m.precision, m.n_threads)
+        return out
+
     def truncate(self, n: int) -> None:
         """Forget positions >= n (the KV cache keeps the first n)."""
         self._ctx.truncate(n)
@@ -323,6 +334,48 @@ class Model:
         if n == 0:
             raise ValueError("ids must not be empty")
         return self.context(n_ctx=max(n, 1)).eval(ids, all_logits=True)
+
+    def embed(
+        self,
+        texts: str | Sequence[str] | Sequence[Sequence[int]],
+        *,
+        pooling: Literal["mean", "last", "cls"] = "mean",
+        normalize: bool = True,
+        add_bos: bool | None = None,
+    ) -> np.ndarray:
+        """Embeddings of texts (or token-id lists), one row each [len(texts), n_embd] float32
+        (a single text: one row [n_embd]): the final hidden states (after the output norm)
+        pooled over the text's tokens by their mean, the last token's or the first's ("cls"),
+        scaled to unit length with normalize. Each text runs in a fresh context; a text longer
+        than n_ctx raises ContextOverflowError."""
+        from pyinfer.errors import ContextOverflowError
+        from pyinfer.generate import context_pool  # the driver imports the model, not back
+
+        _check_choice("pooling", pooling, ("mean", "last", "cls"))
+        one = isinstance(texts, str)
+        items = [texts] if one else list(texts)
+        if not items:
+            raise ValueError("embed needs at least one text")
+        out = np.empty((len(items), self.config.n_embd), np.float32)
+        pool = context_pool(self)
+        ctx = pool.acquire()
+        try:
+            for i, t in enumerate(items):
+                ids = self.tokenize(t, add_bos=add_bos) if isinstance(t, str) else list(t)
+                if not ids:
+                    raise ValueError(f"texts[{i}] has no tokens")
+                if len(ids) > ctx.n_ctx:
+                    raise ContextOverflowError(f"texts[{i}] has {len(ids)} tokens, more than n_ctx = {ctx.n_ctx}",
+                                               len(ids), ctx.n_ctx)
+                ctx.reset()
+                h = ctx.hidden(ids)
+                v = h.mean(axis=0) if pooling == "mean" else h[-1] if pooling == "last" else h[0]
+                if normalize:
+                    v = v / max(float(np.linalg.norm(v)), 1e-12)
+                out[i] = v
+        finally:
+            pool.release(ctx)
+        return out[0] if one else out
 
     def perplexity(self, text: str, window: int = 512, *, add_bos: bool = False) -> float:
         """Perplexity of text scored in non-overlapping windows, each from an empty cache

@@ -1,6 +1,7 @@
 """`pyinfer serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn, the `[server]` extra)
 over one Engine: /v1/completions and /v1/chat/completions (whole, or streamed as server-sent
-events), /v1/models, /health, /metrics (Prometheus), /tokenize and /detokenize.
+events; structured output and tool calls), /v1/embeddings, /v1/models, /health, /metrics
+(Prometheus), /tokenize and /detokenize.
 
 Every completion carries `timings` (llama.cpp's field names plus queue, tokenize and TTFT
 times). Errors have the OpenAI shape {"error": {"message", "type", "param", "code"}}: 400
@@ -13,6 +14,7 @@ cancels its sequence, which frees its context memory within one scheduler step.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hmac
 import json
@@ -41,6 +43,7 @@ from pyinfer.tools import ToolError, parse_tool_call, parse_tools, tool_call_sch
 
 DEFAULT_MAX_BODY_BYTES = 4 << 20
 MAX_LOGPROBS = 20  # alternatives per token a request may ask for
+MAX_EMBED_INPUTS = 256  # texts per embeddings request
 # The sampling fields a request may set, all checked by SamplingParams.
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
                    "frequency_penalty", "repeat_last_n", "seed")
@@ -471,6 +474,35 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             pieces = [{"id": i, "piece": tokenizer.detokenize([i]).decode("utf-8", errors="replace")} for i in ids]
             return JSONResponse({"tokens": pieces})
         return JSONResponse({"tokens": ids})
+
+    @app.post("/v1/embeddings")
+    async def embeddings(request: HTTPRequest) -> JSONResponse:
+        body = await _json_body(request, max_body_bytes)
+        _common(body)
+        inp = body.get("input")
+        items = [inp] if isinstance(inp, str) or (isinstance(inp, list) and inp and _is_int(inp[0])) else inp
+        if not isinstance(items, list) or not items or len(items) > MAX_EMBED_INPUTS or not all(
+                isinstance(t, str) or (isinstance(t, list) and t and all(_is_int(i) for i in t)) for t in items):
+            raise _bad("input", f"input must be a string, a list of 1 to {MAX_EMBED_INPUTS} strings, or token ids")
+        fmt = body.get("encoding_format", "float")
+        if fmt not in ("float", "base64"):
+            raise _bad("encoding_format", "encoding_format must be 'float' or 'base64'")
+        _refuse(body, "dimensions", lambda v: v == model.config.n_embd, f"the model's width is {model.config.n_embd}")
+        for t in items:
+            if isinstance(t, list) and not all(0 <= i < model.n_vocab for i in t):
+                raise _bad("input", f"a token id is outside the vocabulary [0, {model.n_vocab})")
+        try:
+            vecs = await asyncio.wrap_future(engine.embed(items))
+        except ContextOverflowError as e:
+            raise APIError(400, str(e), param="input", code="context_length_exceeded") from None
+        except ValueError as e:
+            raise _bad("input", str(e)) from None
+        n = sum(len(t) if isinstance(t, list) else len(tokenizer.tokenize(t)) for t in items)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v.tolist()}
+                for i, v in enumerate(vecs)]
+        return JSONResponse({"object": "list", "model": model_name, "data": data,
+                             "usage": {"prompt_tokens": n, "total_tokens": n}})
 
     @app.post("/detokenize")
     async def detokenize(request: HTTPRequest) -> JSONResponse:
