@@ -608,3 +608,54 @@ def test_grammars_response_format_and_tool_calls(llm):
     call = ch["message"]["tool_calls"][0]
     assert call["function"]["name"] == "add"
     jsonschema.validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+
+
+def test_hooks_token_level_generation_and_state(default_model):
+    """llama-cpp-python's logits_processor / stopping_criteria, generate() and sample(),
+    save_state / load_state (in memory and pickled) and LlamaRAMCache."""
+    import pickle
+
+    from pyinfer.llama_compat import LlamaRAMCache, LogitsProcessorList, StoppingCriteriaList
+
+    llm = Llama(model_path=str(default_model), n_ctx=N_CTX, seed=7, verbose=False)
+    banned = llm.tokenize(b" Paris", add_bos=False)[0]
+
+    def ban(ids, scores):
+        scores[banned] = -np.inf
+        return scores
+
+    out = llm("The capital of France is", max_tokens=6, temperature=0, logits_processor=LogitsProcessorList([ban]))
+    assert "Paris" not in out["choices"][0]["text"]
+    plain = llm("The capital of France is", max_tokens=6, temperature=0)["choices"][0]["text"]
+    assert "Paris" in plain
+    seen = []
+    stop_after_3 = StoppingCriteriaList([lambda ids, logits: seen.append(len(ids)) or len(seen) >= 3])
+    out = llm("Once upon a time", max_tokens=20, temperature=0, stopping_criteria=stop_after_3)
+    assert out["choices"][0]["finish_reason"] == "stop" and len(seen) == 3
+
+    prompt = llm.tokenize(b"The capital of France is")
+    gen = llm.generate(prompt, temp=0)
+    toks = [next(gen) for _ in range(5)]
+    gen.close()
+    assert llm.detokenize(toks).decode() == plain[: len(llm.detokenize(toks).decode())]
+    llm.reset()
+    llm.eval(prompt)
+    assert llm.sample(temp=0) == toks[0]
+
+    state = llm.save_state()
+    want = llm.sample(temp=0)
+    other = Llama(model_path=str(default_model), n_ctx=N_CTX, verbose=False)
+    restored = pickle.loads(pickle.dumps(state))
+    assert restored.kv is None
+    other.load_state(restored)  # evaluated again
+    assert other.n_tokens == len(prompt) and other.sample(temp=0) == want
+    llm.reset()
+    llm.load_state(state)  # copied back
+    np.testing.assert_array_equal(llm.scores[llm.n_tokens - 1], other.scores[other.n_tokens - 1])
+
+    cache = LlamaRAMCache(capacity_bytes=1 << 30)
+    llm.set_cache(cache)
+    first = llm("A short poem about rain:", max_tokens=4, temperature=0)["choices"][0]["text"]
+    assert cache.cache_size > 0 and llm.tokenize(b"A short poem about rain:") in cache
+    llm.reset()
+    assert llm("A short poem about rain:", max_tokens=4, temperature=0)["choices"][0]["text"] == first

@@ -22,7 +22,9 @@ from pyinfer.request import (
     Completion,
     CompletionChunk,
     FinishReason,
+    LogitsHook,
     Request,
+    StopHook,
     Timings,
     prompt_and_params,
 )
@@ -103,6 +105,8 @@ def generate(
     truncate: Literal["left"] | None = None,
     special: bool = False,
     constraint: Constraint | None = None,
+    logits_processor: LogitsHook | None = None,
+    stopping_criteria: StopHook | None = None,
     started: float | None = None,
     tokenize_s: float = 0.0,
     draft: int = 0,
@@ -124,6 +128,8 @@ def generate(
     truncate: Literal["left"] | None = None,
     special: bool = False,
     constraint: Constraint | None = None,
+    logits_processor: LogitsHook | None = None,
+    stopping_criteria: StopHook | None = None,
     started: float | None = None,
     tokenize_s: float = 0.0,
     draft: int = 0,
@@ -144,6 +150,8 @@ def generate(
     truncate: Literal["left"] | None = None,
     special: bool = False,
     constraint: Constraint | None = None,
+    logits_processor: LogitsHook | None = None,
+    stopping_criteria: StopHook | None = None,
     started: float | None = None,
     tokenize_s: float = 0.0,
     draft: int = 0,
@@ -160,10 +168,9 @@ def generate(
     boundaries, a possible stop string held back); closing it stops the loop at once.
     The other keywords are the Request's: max_tokens (None: until an end-of-turn token or
     a full context; 0: prefill only), stop, cancel, truncate="left", special, constraint
-    (pyinfer.constraint), started and tokenize_s. draft > 0: speculative decoding by prompt
-    lookup (`pyinfer.lookup`), up to `draft` tokens guessed per pass, verified in one
-    forward pass; ctx must be a
-    DraftingContext. The tokens are those of plain decoding when the context's rows do not
+    (pyinfer.constraint), logits_processor, stopping_criteria, started and tokenize_s.
+    draft > 0: speculative decoding by prompt lookup (`pyinfer.lookup`), up to `draft`
+    tokens guessed per pass, verified in one forward pass; ctx must be a DraftingContext. The tokens are those of plain decoding when the context's rows do not
     depend on the pass they are in (precision="fast"); the cache then also holds only the
     tokens kept.
 
@@ -184,6 +191,8 @@ def generate(
         truncate=truncate,
         special=special,
         constraint=constraint,
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
         started=started,
         tokenize_s=tokenize_s,
     )

@@ -41,8 +41,8 @@ Where it differs (pyinfer runs on CPUs only, and some features are not implement
   `response_format` {"type": "json_object"} (with an optional "schema") and forced
   `tool_choice` / `function_call` (returned as "tool_calls") go through pyinfer.constraint
   (llguidance); a forced call is not streamed.
-- Sampling: `typical_p` other than 1, `mirostat_mode` other than 0, `logits_processor` and
-  `stopping_criteria` raise NotImplementedError. Temperature is applied before top-k/top-p/
+- Sampling: `typical_p` other than 1 and `mirostat_mode` other than 0 raise
+  NotImplementedError. Temperature is applied before top-k/top-p/
   min-p (see pyinfer.sampling), and the repetition penalties look at the prompt as well as
   the generated tokens (llama-cpp-python: the generated ones only), so sampled (not greedy) text
   differs from llama-cpp-python's for the same seed; the random generators differ anyway.
@@ -61,10 +61,12 @@ Where it differs (pyinfer runs on CPUs only, and some features are not implement
   (llama-cpp-python lets both go on evaluating into the same context).
 - `create_embedding` and `embed` pool the final hidden states by their mean (Model.embed);
   `embedding=True` is accepted and not needed.
-- Not provided: the token-level generate() and sample(),
-  save_state / load_state / set_cache, from_pretrained (pyinfer loads no weights from a hub
-  at run time) and tokenizer(). `.model` is the pyinfer Model (a C pointer in
-  llama-cpp-python).
+- `logits_processor` / `stopping_criteria` (LogitsProcessorList, StoppingCriteriaList, or
+  plain functions), the token-level `generate()` and `sample()`, `save_state` / `load_state`
+  (a LlamaState: in memory it carries a copy of the KV cache; pickled, its tokens, evaluated
+  again on loading) and `set_cache(LlamaRAMCache())` work as in llama-cpp-python.
+- Not provided: from_pretrained (pyinfer loads no weights from a hub at run time) and
+  tokenizer(). `.model` is the pyinfer Model (a C pointer in llama-cpp-python).
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ from pyinfer.errors import ContextOverflowError, ParameterTypeError
 from pyinfer.generate import CompletionChunk, generate
 from pyinfer.model import Model
 from pyinfer.registry import resolve_model
-from pyinfer.sampling import SamplingParams, TokenLogprob, log_softmax
+from pyinfer.sampling import Sampler, SamplingParams, TokenLogprob, log_softmax
 from pyinfer.tokenizer import Tokenizer
 from pyinfer.tools import parse_tool_call, parse_tools, tool_call_schema
 
@@ -269,6 +271,95 @@ def _grammar_constraint(grammar: object, tokenizer: Tokenizer) -> Constraint | N
     return grammar.constraint(tokenizer)
 
 
+class LogitsProcessorList(list):
+    """Functions f(input_ids, scores) -> scores applied in turn to each row before sampling
+    (input_ids: the tokens so far, prompt included; scores: the row, float32 [n_vocab])."""
+
+    def __call__(self, input_ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        for f in self:
+            scores = f(input_ids, scores)
+        return scores
+
+
+class StoppingCriteriaList(list):
+    """Functions f(input_ids, logits) -> bool asked after each token: any true stops."""
+
+    def __call__(self, input_ids: np.ndarray, logits: np.ndarray) -> bool:
+        return any(f(input_ids, logits) for f in self)
+
+
+def _hook_list(value: Any, kind: type, name: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, (list, tuple)):
+        return kind(value)
+    if callable(value):
+        return kind([value])
+    raise ParameterTypeError(f"{name} must be a {kind.__name__}, a list of functions or a function")
+
+
+@dataclasses.dataclass
+class LlamaState:
+    """A Llama's sequence, to restore into a Llama of the same model: the tokens, the logits
+    rows kept, the seed chain, and a copy of the KV cache. Pickled, it leaves the KV copy
+    behind: restoring it then evaluates the tokens again (the cache rebuilt is the saved one
+    bit for bit on the fast path); in memory, restoring copies the cache back."""
+
+    input_ids: np.ndarray
+    scores: np.ndarray
+    n_tokens: int
+    seed: int
+    model_path: str
+    kv: Any = None  # a pyinfer Context holding the first n_tokens positions
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "kv": None}
+
+
+class LlamaRAMCache:
+    """States by their tokens, kept in memory up to capacity_bytes (least recently used
+    dropped first); `cache[ids]` is the state sharing the longest prefix with ids, and
+    `Llama.set_cache(cache)` makes completions start from it when it shares more of the
+    prompt than the context holds."""
+
+    def __init__(self, capacity_bytes: int = 2 << 30) -> None:
+        self.capacity_bytes = int(capacity_bytes)
+        self._states: dict[tuple[int, ...], LlamaState] = {}
+
+    @property
+    def cache_size(self) -> int:
+        return sum(st.scores.nbytes + st.input_ids.nbytes + (st.kv.kv_nbytes if st.kv is not None else 0)
+                   for st in self._states.values())
+
+    def _longest(self, key: Sequence[int]) -> tuple[int, ...] | None:
+        """The cached key sharing the longest prefix with key (None: none shares a token)."""
+        best, best_n = None, 0
+        for k in self._states:
+            n = _common_prefix(k, key)
+            if n > best_n:
+                best, best_n = k, n
+        return best
+
+    def __getitem__(self, key: Sequence[int]) -> LlamaState:
+        k = self._longest(key)
+        if k is None:
+            raise KeyError("no cached state shares a prefix with this key")
+        st = self._states.pop(k)
+        self._states[k] = st  # most recently used last
+        return st
+
+    def __contains__(self, key: Sequence[int]) -> bool:
+        return self._longest(key) is not None
+
+    def __setitem__(self, key: Sequence[int], value: LlamaState) -> None:
+        self._states.pop(tuple(key), None)
+        self._states[tuple(key)] = value
+        while self._states and self.cache_size > self.capacity_bytes:
+            del self._states[next(iter(self._states))]
+
+
 class _Sequence:
     """The Llama's context as generate() sees it: a sequence that starts empty, although the
     first `cached` prompt tokens are already in the KV cache from an earlier call and are
@@ -385,6 +476,7 @@ class Llama:
         self.input_ids: np.ndarray = np.zeros(self._n_ctx, dtype=np.intc)
         self.scores: np.ndarray = np.empty((self._n_ctx, self._n_vocab), dtype=np.single)
         self._stream: Iterator[Any] | None = None  # an open completion stream
+        self.cache: LlamaRAMCache | None = None  # set_cache
 
         self.chat_format = chat_format
         self._chat_template = self._resolve_chat_format(chat_format)
@@ -585,6 +677,98 @@ class Llama:
         )
         return deque(rows.tolist(), maxlen=self._n_ctx if self._logits_all else 1)
 
+    # -- token-level generation and state
+
+    def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
+               temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+               presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
+               mirostat_eta: float = 0.1, mirostat_tau: float = 5.0, penalize_nl: bool = True,
+               logits_processor: Any = None, grammar: Any = None, idx: int | None = None) -> int:
+        """A token sampled from the logits of the last token evaluated (or of row idx, with
+        logits_all), the repetition penalties looking at the tokens evaluated."""
+        _not_implemented("typical_p", typical_p, 1.0)
+        _not_implemented("mirostat_mode", mirostat_mode, 0)
+        _not_implemented("grammar", grammar, None)
+        if self.n_tokens == 0:
+            raise ValueError("nothing evaluated yet: eval() tokens before sample()")
+        row = self.scores[self.n_tokens - 1 if idx is None else idx].copy()
+        hist = self.input_ids[: self.n_tokens]
+        proc = _hook_list(logits_processor, LogitsProcessorList, "logits_processor")
+        if proc is not None:
+            row = np.ascontiguousarray(proc(hist.copy(), row), np.float32)
+        greedy = temp <= 0
+        params = SamplingParams(temperature=max(temp, 0.0), top_k=0 if top_k < 0 else top_k, top_p=top_p,
+                                min_p=min_p, repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                                presence_penalty=presence_penalty, repeat_last_n=self.last_n_tokens_size,
+                                seed=None if greedy else self._call_seed(None))
+        return Sampler(params, self.n_vocab()).sample(row, hist.tolist())
+
+    def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
+                 frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
+                 mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+                 penalize_nl: bool = True, logits_processor: Any = None, stopping_criteria: Any = None,
+                 grammar: Any = None) -> Iterator[int]:
+        """Evaluate tokens, then sample and yield one token at a time for ever (the caller
+        stops: a context that fills raises ContextOverflowError). With reset, the context
+        keeps the longest common prefix of what it holds and tokens, evaluating the rest."""
+        ids = _token_list(tokens, "tokens")
+        stopping = _hook_list(stopping_criteria, StoppingCriteriaList, "stopping_criteria")
+        if reset:
+            self._close_stream()
+            keep = min(_common_prefix(self.input_ids[: self.n_tokens].tolist(), ids), len(ids) - 1)
+            self.n_tokens = max(keep, 0)
+            ids = ids[self.n_tokens:]
+        while True:
+            self.eval(ids)
+            tok = self.sample(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
+                              repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                              presence_penalty=presence_penalty, mirostat_mode=mirostat_mode,
+                              logits_processor=logits_processor, grammar=grammar)
+            if stopping is not None and stopping(self.input_ids[: self.n_tokens].copy(),
+                                                 self.scores[self.n_tokens - 1]):
+                return
+            yield tok
+            ids = [tok]
+
+    def save_state(self) -> LlamaState:
+        """The sequence now (tokens, logits rows kept, the seed chain, the KV cache)."""
+        self._close_stream()
+        n = self.n_tokens
+        rows = self.scores[:n].copy() if self._logits_all else self.scores[max(0, n - 1) : n].copy()
+        kv = None
+        if n:
+            kv = self.model.context(n_ctx=n, n_batch=1)
+            kv.copy_prefix(self._context, n)
+        return LlamaState(self.input_ids[:n].copy(), rows, n, self._seed, self.model_path, kv)
+
+    def load_state(self, state: LlamaState) -> None:
+        """Continue from a saved state (of a Llama of the same model file): its tokens are
+        evaluated into this context."""
+        if not isinstance(state, LlamaState):
+            raise ParameterTypeError(f"state must be a LlamaState, not {type(state).__name__}")
+        if Path(state.model_path).name != Path(self.model_path).name:
+            raise ValueError(f"the state is of {state.model_path}, not {self.model_path}")
+        if state.n_tokens > self._n_ctx:
+            raise ContextOverflowError(f"the state holds {state.n_tokens} tokens, more than n_ctx {self._n_ctx}",
+                                       state.n_tokens, self._n_ctx)
+        self.reset()
+        n = state.n_tokens
+        if n and state.kv is not None and state.kv.model is self.model:
+            self._context.copy_prefix(state.kv, n)
+            self.input_ids[:n] = state.input_ids[:n]
+            self.scores[n - len(state.scores) : n] = state.scores
+            self.n_tokens = n
+        elif n:
+            self.eval(state.input_ids[:n].tolist())
+        self._seed = state.seed
+
+    def set_cache(self, cache: LlamaRAMCache | None) -> None:
+        """Completions look up (and store) their prompt's state in cache."""
+        if cache is not None and not isinstance(cache, LlamaRAMCache):
+            raise ParameterTypeError(f"cache must be a LlamaRAMCache, not {type(cache).__name__}")
+        self.cache = cache
+
     @staticmethod
     def logits_to_logprobs(logits: Any, axis: int = -1) -> np.ndarray:
         """log-softmax along axis, in float32 like llama-cpp-python."""
@@ -686,12 +870,9 @@ class Llama:
             raise ParameterTypeError(f"suffix must be a str or None, not {type(suffix).__name__}")
         _not_implemented("typical_p", typical_p, 1.0)
         _not_implemented("mirostat_mode", mirostat_mode, 0)
-        for name, value in (
-            ("logits_processor", logits_processor),
-            ("stopping_criteria", stopping_criteria),
-        ):
-            _not_implemented(name, value, None)
         constraint = _grammar_constraint(grammar, self._tokenizer)
+        processor = _hook_list(logits_processor, LogitsProcessorList, "logits_processor")
+        stopping = _hook_list(stopping_criteria, StoppingCriteriaList, "stopping_criteria")
         if max_tokens is not None and (
             isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer))
         ):
@@ -752,6 +933,11 @@ class Llama:
         # last token (its logits pick the first new token). Echoed logprobs need every prompt
         # row, which only logits_all keeps for the cached part.
         prompt_rows = bool(echo) and logprobs is not None
+        if self.cache is not None and ids in self.cache:
+            st = self.cache[ids]
+            here = _common_prefix(self.input_ids[: self.n_tokens].tolist(), ids)
+            if _common_prefix(st.input_ids.tolist(), ids) > here:
+                self.load_state(st)
         cached = min(_common_prefix(self.input_ids[: self.n_tokens].tolist(), ids), len(ids) - 1)
         if prompt_rows and not self._logits_all:
             cached = 0
@@ -772,6 +958,8 @@ class Llama:
             stream=True,
             n_batch=self.n_batch,
             constraint=constraint,
+            logits_processor=processor,
+            stopping_criteria=stopping,
         )
 
         def shape(
@@ -795,6 +983,8 @@ class Llama:
             out_ids += last.token_ids
             out_lps += last.logprobs or []
         text = "".join(text_parts)
+        if self.cache is not None and self.n_tokens:
+            self.cache[self.input_ids[: self.n_tokens].tolist()] = self.save_state()
         lp_dict: openai_types.CompletionLogprobs | None = None
         if logprobs is not None:
             if echo:

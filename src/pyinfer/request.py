@@ -38,6 +38,10 @@ from pyinfer.tokenizer import Tokenizer
 if TYPE_CHECKING:
     from pyinfer.constraint import Constraint
 
+# Hooks a caller may give a request (llama-cpp-python's logits_processor and stopping_criteria).
+LogitsHook = Callable[[np.ndarray, np.ndarray], np.ndarray]
+StopHook = Callable[[np.ndarray, np.ndarray], bool]
+
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
@@ -372,7 +376,10 @@ class Request:
     ContextOverflowError, leaving room for max_tokens (but at most half the free context;
     None: half) and keeping a leading BOS when the tokenizer adds one. special: include
     control tokens' text in the output. constraint: the tokens allowed at each step
-    (pyinfer.constraint; a finished text ends the request with "stop"). started,
+    (pyinfer.constraint; a finished text ends the request with "stop"). logits_processor:
+    f(ids, logits) -> logits, given the tokens so far (prompt included, int32) and a copy of
+    each row before sampling; stopping_criteria: f(ids, logits) -> bool after each token
+    sampled (true ends the request with "stop"). started,
     tokenize_s: when the request arrived
     (perf_counter) and how long tokenizing took, so that timings cover the whole request.
 
@@ -394,6 +401,8 @@ class Request:
         truncate: Literal["left"] | None = None,
         special: bool = False,
         constraint: Constraint | None = None,
+        logits_processor: LogitsHook | None = None,
+        stopping_criteria: StopHook | None = None,
         started: float | None = None,
         tokenize_s: float = 0.0,
     ) -> None:
@@ -436,12 +445,18 @@ class Request:
 
         self.params = params
         self.sampler = Sampler(params, tokenizer.vocab_size)
+        self.tokenizer_vocab = tokenizer.vocab_size
         if constraint is not None:
             from pyinfer.constraint import Constraint
 
             if not isinstance(constraint, Constraint):
                 raise ParameterTypeError(f"constraint must be a Constraint, not {type(constraint).__name__}")
         self.constraint = constraint
+        for name, hook in (("logits_processor", logits_processor), ("stopping_criteria", stopping_criteria)):
+            if hook is not None and not callable(hook):
+                raise ParameterTypeError(f"{name} must be callable, not {type(hook).__name__}")
+        self.logits_processor = logits_processor
+        self.stopping_criteria = stopping_criteria
         self.prompt_ids = ids
         self.max_tokens = max_tokens
         self.cancel_token = cancel
@@ -501,6 +516,8 @@ class Request:
             return self._finish("cancelled")
 
         sampler = self.sampler
+        if self.logits_processor is not None:
+            logits = self._processed(logits)
         ts = perf_counter()
         if self.constraint is not None:
             # Tokens that would leave the language are out; the log-probabilities are those
@@ -533,6 +550,8 @@ class Request:
             # Text after a stop string is dropped: no flush of the held text or the decoder.
             return self._end(emit, "stop", hit)
         if self.constraint is not None and self.constraint.done:  # the text is complete
+            return self._finish("stop", emit=emit)
+        if self.stopping_criteria is not None and self.stopping_criteria(np.array(self.history, np.int32), logits):
             return self._finish("stop", emit=emit)
         if self.max_tokens is not None and self._n >= self.max_tokens:
             return self._finish("length", emit=emit)
@@ -584,6 +603,13 @@ class Request:
         )
 
     # -- internals
+
+    def _processed(self, logits: np.ndarray) -> np.ndarray:
+        assert self.logits_processor is not None
+        out = np.asarray(self.logits_processor(np.array(self.history, np.int32), np.array(logits, np.float32)))
+        if out.shape != (self.tokenizer_vocab,):
+            raise ValueError(f"logits_processor returned shape {out.shape}, not ({self.tokenizer_vocab},)")
+        return np.ascontiguousarray(out, np.float32)
 
     def _chunk(self, text: str) -> CompletionChunk:
         c = CompletionChunk(text, self._ids, self._lps if self._want_lp else None)
