@@ -170,9 +170,9 @@ def generate(
     a full context; 0: prefill only), stop, cancel, truncate="left", special, constraint
     (pyinfer.constraint), logits_processor, stopping_criteria, started and tokenize_s.
     draft > 0: speculative decoding by prompt lookup (`pyinfer.lookup`), up to `draft`
-    tokens guessed per pass, verified in one forward pass; ctx must be a DraftingContext. The tokens are those of plain decoding when the context's rows do not
-    depend on the pass they are in (precision="fast"); the cache then also holds only the
-    tokens kept.
+    tokens guessed per pass, verified in one forward pass; ctx must be a DraftingContext.
+    The tokens are those of plain decoding when the context's rows do not depend on the
+    pass they are in (precision="fast"); the cache then also holds only the tokens kept.
 
     Errors (raised here, before anything runs, also with stream=True): an empty prompt,
     ids out of range, parameters of the wrong type or range, ContextOverflowError.
