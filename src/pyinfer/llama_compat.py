@@ -78,6 +78,7 @@ import secrets
 import sys
 import time
 import uuid
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -140,14 +141,17 @@ IGNORED_KWARGS = frozenset(
 # the value that means "off" (llama-cpp-python's default).
 UNSUPPORTED_KWARGS: dict[str, Any] = {
     "kv_overrides": None,
-    "rope_freq_base": 0.0,
-    "rope_freq_scale": 0.0,
     "lora_base": None,
     "lora_path": None,
     "chat_handler": None,
     "draft_model": None,
     "tokenizer": None,
 }
+
+# Keywords of older llama-cpp-python releases, with no meaning now: accepted with a warning
+# (once per keyword and process), as wrappers written against those releases still pass them.
+LEGACY_KWARGS = frozenset({"n_parts", "f16_kv", "low_vram", "mul_mat_q", "n_gqa", "rms_norm_eps", "mmq"})
+_warned: set[str] = set()
 
 # pyinfer's own constructor keywords, beyond llama-cpp-python's.
 PYINFER_KWARGS = frozenset({"precision", "kv_dtype"})
@@ -428,6 +432,17 @@ class Llama:
         extra: dict[str, Any] = {}
         for name, value in kwargs.items():
             if name in IGNORED_KWARGS:
+                continue
+            if name in LEGACY_KWARGS:
+                if name not in _warned:
+                    _warned.add(name)
+                    warnings.warn(f"Llama: {name} is a keyword of older llama-cpp-python releases and is ignored",
+                                  DeprecationWarning, stacklevel=2)
+                continue
+            if name in ("rope_freq_base", "rope_freq_scale"):
+                # 0 (llama-cpp-python's default): the file's value; else an override.
+                if value:
+                    extra[name] = value
                 continue
             if name in UNSUPPORTED_KWARGS:
                 _not_implemented(name, value, UNSUPPORTED_KWARGS[name])

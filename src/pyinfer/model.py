@@ -3,6 +3,7 @@ for the fast kernels), with contexts that each hold a KV cache and a position.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -208,10 +209,20 @@ class Model:
 
     def __init__(self, reader: GGUFReader, *, n_ctx: int | None = None, n_threads: int | None = None,
                  precision: str = "fast", n_batch: int = 512, kv_dtype: str = "float32",
-                 repack: bool | None = None, memory_limit: int | None = None) -> None:
+                 repack: bool | None = None, memory_limit: int | None = None,
+                 rope_freq_base: float | None = None, rope_freq_scale: float | None = None) -> None:
         self.reader = reader
         description = describe(reader)
         self.config: Config = description.config
+        # RoPE overrides (llama.cpp's --rope-freq-base / --rope-freq-scale): None keeps the file's.
+        for name, value in (("rope_freq_base", rope_freq_base), ("rope_freq_scale", rope_freq_scale)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not (math.isfinite(value) and value > 0)):
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if rope_freq_base is not None:
+            self.config = dataclasses.replace(self.config, rope_base=float(rope_freq_base))
+        if rope_freq_scale is not None:
+            self.config = dataclasses.replace(self.config, rope_freq_scale=float(rope_freq_scale))
         self.precision = _check_choice("precision", precision, PRECISIONS)
         self.kv_dtype = _check_choice("kv_dtype", kv_dtype, KV_DTYPES)
         self.n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else min(self.config.n_ctx_train, 4096))
