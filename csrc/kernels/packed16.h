@@ -42,26 +42,34 @@ struct PackLayout {
 // Field order in a group-block. Scales come first, then the bits a dot product step reads.
 static constexpr PackLayout pack_layout(uint32_t type) {
   switch (type) {
-    case GGML_Q8_0:
-      return {2, {{0, 1, 2, 0}, {2, 8, 4, PACK_FLIP}}};  // d, qs
-    case GGML_Q4_0:
-      return {2, {{0, 1, 2, 0}, {2, 4, 4, 0}}};  // d, qs
-    case GGML_Q4_1:
-      return {3, {{0, 1, 2, 0}, {2, 1, 2, 0}, {4, 4, 4, 0}}};  // d, m, qs
-    case GGML_Q5_0:
-      return {3, {{0, 1, 2, 0}, {6, 4, 4, 0}, {2, 1, 4, PACK_QH_T}}};  // d, qs, qh
-    case GGML_Q5_1:
-      return {4, {{0, 1, 2, 0}, {2, 1, 2, 0}, {8, 4, 4, 0}, {4, 1, 4, PACK_QH_T}}};  // d, m, qs, qh
-    case GGML_Q4_K:
-      return {4, {{0, 1, 2, 0}, {2, 1, 2, 0}, {4, 3, 4, 0}, {16, 32, 4, 0}}};  // d, dmin, scales, qs
-    case GGML_Q5_K:
-      return {5, {{0, 1, 2, 0}, {2, 1, 2, 0}, {4, 3, 4, 0}, {48, 32, 4, 0}, {16, 8, 4, 0}}};  // + qh
-    case GGML_Q6_K:
-      return {4, {{208, 1, 2, 0}, {192, 4, 4, 0}, {0, 32, 4, 0}, {128, 16, 4, 0}}};  // d, scales, ql, qh
-    default:
-      return {0, {}};
+    case GGML_Q8_0: return {2, {{0, 1, 2, 0}, {2, 8, 4, PACK_FLIP}}};                              // d, qs
+    case GGML_Q4_0: return {2, {{0, 1, 2, 0}, {2, 4, 4, 0}}};                                      // d, qs
+    case GGML_Q4_1: return {3, {{0, 1, 2, 0}, {2, 1, 2, 0}, {4, 4, 4, 0}}};                        // d, m, qs
+    case GGML_Q5_0: return {3, {{0, 1, 2, 0}, {6, 4, 4, 0}, {2, 1, 4, PACK_QH_T}}};                // d, qs, qh
+    case GGML_Q5_1: return {4, {{0, 1, 2, 0}, {2, 1, 2, 0}, {8, 4, 4, 0}, {4, 1, 4, PACK_QH_T}}};  // d, m, qs, qh
+    case GGML_Q4_K: return {4, {{0, 1, 2, 0}, {2, 1, 2, 0}, {4, 3, 4, 0}, {16, 32, 4, 0}}};  // d, dmin, scales, qs
+    case GGML_Q5_K: return {5, {{0, 1, 2, 0}, {2, 1, 2, 0}, {4, 3, 4, 0}, {48, 32, 4, 0}, {16, 8, 4, 0}}};  // + qh
+    case GGML_Q6_K: return {4, {{208, 1, 2, 0}, {192, 4, 4, 0}, {0, 32, 4, 0}, {128, 16, 4, 0}}};  // d, scales, ql, qh
+    default: return {0, {}};
   }
 }
+
+// Each layout's fields lie inside the block and add up to it: the packed copy holds every
+// byte of the stored one, in the same room.
+static constexpr bool pack_layouts_cover_blocks() {
+  for (uint32_t t = 0; t < GGML_TYPE_SLOTS; ++t) {
+    const PackLayout l = pack_layout(t);
+    int bytes = 0;
+    for (int i = 0; i < l.n_fields; ++i) {
+      const int n = l.f[i].units * l.f[i].unit_bytes;
+      if (l.f[i].offset + n > type_traits(t).block_bytes) return false;
+      bytes += n;
+    }
+    if (l.n_fields > 0 && bytes != type_traits(t).block_bytes) return false;
+  }
+  return true;
+}
+static_assert(pack_layouts_cover_blocks(), "a packed layout's fields do not cover its block");
 
 // Offset of field i in a group-block.
 static constexpr int packed_field(uint32_t type, int i) {
@@ -78,7 +86,9 @@ static constexpr int packed_block_bytes(uint32_t type) { return packs16(type) ? 
 // Offset of the mins in a 16-row group-block of Q4_1 and Q5_1: after the scales.
 constexpr int kPackedMins = kPackRows * static_cast<int>(sizeof(fp16_t));
 // Offset of the (low) quants in a group-block of the 32-element types.
-static constexpr int packed_quants_offset(uint32_t type) { return packed_field(type, type_traits(type).has_min ? 2 : 1); }
+static constexpr int packed_quants_offset(uint32_t type) {
+  return packed_field(type, type_traits(type).has_min ? 2 : 1);
+}
 // Offset of the fifth bits in a group-block of Q5_0 and Q5_1.
 static constexpr int packed_qh_offset(uint32_t type) { return packed_field(type, type_traits(type).has_min ? 3 : 2); }
 // Offset in a group-block of quant byte j (0..15 for Q4, 0..31 for Q8_0) of row r.

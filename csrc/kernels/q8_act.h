@@ -31,7 +31,7 @@ struct block_q8a {
   int8_t qs[QK8_A];  // a_j, and l at jo
   int32_t h4;        // h in byte jo % 4, zero elsewhere: the broadcast operand of one dot step
   int32_t jo;
-  float dsum;    // d * (float)sum: the factor of the min term (Q4_1, Q5_1, Q4_K, Q5_K), made once
+  float dsum;      // d * (float)sum: the factor of the min term (Q4_1, Q5_1, Q4_K, Q5_K), made once
   int32_t sum_lo;  // sum of a_j for j < 16 (a_jo whole): Q6_K's 16-element sub-blocks take their
                    // stored offset of 32 off through it and sum - sum_lo
 };

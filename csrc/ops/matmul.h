@@ -24,8 +24,8 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
             Precision precision, int n_threads);
 
 // The 16-row interleaved layout (kernels/packed16.h) of the int8 fast types' weights: faster
-// fast-mode GEMV and GEMM, repacked once at load (the same bytes as stored, per row). packed_bytes is its size for N rows
-// (N rounded up to a multiple of 16), or -1 for another type or a bad K.
+// fast-mode GEMV and GEMM, repacked once at load (the same bytes as stored, per row). packed_bytes is its size for N
+// rows (N rounded up to a multiple of 16), or -1 for another type or a bad K.
 int64_t packed_bytes(uint32_t w_type, int64_t N, int64_t K);
 // w[N rows as stored] -> packed[packed_bytes], padding rows zero; and back (exactly).
 void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed);

@@ -114,8 +114,7 @@ inline int block_quant(uint32_t type, const uint8_t* blk, int s, int j) {
       const int lo = k < 2 ? (b & 0x0f) : (b >> 4);
       return lo | (((blk[offsetof(block_q6_K, qh) + 32 * hf + j] >> (2 * k)) & 3) << 4);
     }
-    default:
-      return stored_quant(type, blk, j);
+    default: return stored_quant(type, blk, j);
   }
 }
 
@@ -180,7 +179,7 @@ void fill_matmul_scalar(KernelSet& t) {
   t.matmul_exact[GGML_F32] = matmul_f32_f32_ref;
   t.matmul_exact[GGML_F16] = matmul_f16_f32_ref;
   t.matmul_exact[GGML_BF16] = matmul_bf16_f32_ref;
-#define PYINFER_FAST_REF(T)                         \
+#define PYINFER_FAST_REF(T)                     \
   t.matmul_fast[T] = matmul_fast_ref<T, false>; \
   t.matmul_fast_packed[T] = matmul_fast_ref<T, true>;
   PYINFER_FAST_REF(GGML_Q8_0)

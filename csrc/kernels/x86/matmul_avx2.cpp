@@ -222,22 +222,34 @@ PYINFER_INLINE __m256i act4(const block_q8a* xb, int c) {
 // pairs within 32512, widened per column.
 // Adds 128 * h * q_w[jo] for a split block (q8_act.h) to 8 rows' sums: one more dot step on
 // jo's quant column with h in jo's byte only (|q| * sign-carrying h for Q8_0, as above).
+// Fifth bits of quant column g of Q5_0 and Q5_1 (bit g of each byte of the transposed word,
+// packed16.h) as 16. Shifts of 16-bit lanes: the mask keeps each byte's own bit.
+PYINFER_INLINE __m256i fifth_bits(__m256i v, int g) {
+  const __m256i b = g <= 4 ? _mm256_slli_epi16(v, 4 - g) : _mm256_srli_epi16(v, g - 4);
+  return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+// Quant column g (elements 4g..4g+3; Q8_0: bytes 4g..4g+3) of rows 8h..8h+7 of a 32-element
+// group-block: Q8_0 signed (q + 128 undone), the 4- and 5-bit types' unsigned quants.
+PYINFER_INLINE __m256i q_column8(int type, const uint8_t* gb, int h, int g) {
+  const int qo = packed_quants_offset(type);
+  const auto load = [&](int o) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + o + 32 * h)); };
+  if (type_traits(type).qs_signed)
+    return _mm256_xor_si256(load(qo + 64 * g), _mm256_set1_epi8(static_cast<char>(0x80)));
+  const __m256i v = load(qo + 64 * (g % 4));  // high nibbles: elements 16..31
+  __m256i q = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
+  if (type_traits(type).quant_bits == 5) q = _mm256_or_si256(q, fifth_bits(load(packed_qh_offset(type)), g));
+  return q;
+}
+
+// Adds 128 * h * q_w[jo] for a split block (q8_act.h) to 8 rows' sums: one more dot step on
+// jo's quant column with h in jo's byte only (|q| * sign-carrying h for Q8_0, as above).
 PYINFER_INLINE __m256i add_split8(int type, __m256i isum, const uint8_t* gb, int half, const block_q8a* xb) {
   if (xb->h4 == 0) return isum;
-  const int jo = xb->jo;
-  const int qo = packed_quants_offset(type);
   const __m256i hb = _mm256_set1_epi32(xb->h4);
-  __m256i p;
-  if (type_traits(type).qs_signed) {
-    const __m256i st = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * (jo / 4) + 32 * half));
-    const __m256i q = _mm256_xor_si256(st, _mm256_set1_epi8(static_cast<char>(0x80)));
-    p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(hb, q));
-  } else {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * ((jo % 16) / 4) + 32 * half));
-    const __m256i nib =
-        _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(jo >= 16 ? 4 : 0)), _mm256_set1_epi8(0x0f));
-    p = _mm256_maddubs_epi16(nib, hb);
-  }
+  const __m256i q = q_column8(type, gb, half, xb->jo / 4);
+  const __m256i p = type_traits(type).qs_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(hb, q))
+                                                : _mm256_maddubs_epi16(q, hb);
   return _mm256_add_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), 7));
 }
 
@@ -254,14 +266,25 @@ PYINFER_INLINE __m256i packed_dot8(int type, const uint8_t* gb, int h, const blo
     }
     return add_split8(type, isum, gb, h, xb);
   }
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
-  __m256i s16 = _mm256_setzero_si256();
-  for (int c = 0; c < 4; ++c) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * c + 32 * h));
-    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), act4(xb, c)));
-    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), act4(xb, c + 4)));
+  __m256i isum;
+  if (type_traits(type).quant_bits == 5) {
+    // Pairs of 5-bit quants by int8 reach 2 * 31 * 127 = 7874: four columns add in int16.
+    __m256i lo = _mm256_setzero_si256(), hi = lo;
+    for (int c = 0; c < 4; ++c) {
+      lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(q_column8(type, gb, h, c), act4(xb, c)));
+      hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(q_column8(type, gb, h, c + 4), act4(xb, c + 4)));
+    }
+    isum = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+  } else {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i s16 = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * c + 32 * h));
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), act4(xb, c)));
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), act4(xb, c + 4)));
+    }
+    isum = _mm256_madd_epi16(s16, ones);
   }
-  __m256i isum = _mm256_madd_epi16(s16, ones);
   if (type_traits(type).q_bias != 0)
     isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-type_traits(type).q_bias * xb->sum));
   return add_split8(type, isum, gb, h, xb);
@@ -313,14 +336,16 @@ PYINFER_INLINE __m256i k4_scale(__m256i c0, __m256i c1, __m256i c2, int s, bool 
   return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi32(0x30)));
 }
 
-// Quant column c of 32-block s, rows 8h..8h+7, as unsigned bytes (Q4_K: the nibble, Q6_K: the
-// 6-bit quant with its offset of 32).
+// Quant column c of 32-block s, rows 8h..8h+7, as unsigned bytes (Q4_K: the nibble, Q5_K: the
+// 5-bit quant, Q6_K: the 6-bit quant with its offset of 32).
 PYINFER_INLINE __m256i k_column(int type, const uint8_t* gb, int h, int s, int c) {
   const __m256i m4 = _mm256_set1_epi8(0x0f);
   const auto load = [&](int o) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + o + 32 * h)); };
-  if (type == GGML_Q4_K) {
-    const __m256i v = load(packed_field(GGML_Q4_K, 3) + 64 * (8 * (s / 2) + c));
-    return _mm256_and_si256(s % 2 == 0 ? v : _mm256_srli_epi16(v, 4), m4);
+  if (type != GGML_Q6_K) {
+    const __m256i v = load(packed_field(type, 3) + 64 * (8 * (s / 2) + c));
+    const __m256i q = _mm256_and_si256(s % 2 == 0 ? v : _mm256_srli_epi16(v, 4), m4);
+    if (type == GGML_Q4_K) return q;
+    return _mm256_or_si256(q, fifth_bits(load(packed_field(GGML_Q5_K, 4) + 64 * c), s));  // Q5_K: bit s
   }
   const int hf = s / 4, k = s % 4;
   const __m256i l = load(packed_field(GGML_Q6_K, 2) + 64 * (16 * hf + 8 * (k & 1) + c));
@@ -344,10 +369,10 @@ PYINFER_INLINE __m256i k6_scale(const uint8_t* gb, int h, int t) {
 // pairs are at most 2 * 63 * 127 = 16002, so two columns add in int16 before widening.
 PYINFER_INLINE __m256i dot4(const __m256i* wq, const block_q8a* xb, int c0) {
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(wq[0], act4(xb, c0)),
-                                     _mm256_maddubs_epi16(wq[1], act4(xb, c0 + 1)));
-  const __m256i b = _mm256_add_epi16(_mm256_maddubs_epi16(wq[2], act4(xb, c0 + 2)),
-                                     _mm256_maddubs_epi16(wq[3], act4(xb, c0 + 3)));
+  const __m256i a =
+      _mm256_add_epi16(_mm256_maddubs_epi16(wq[0], act4(xb, c0)), _mm256_maddubs_epi16(wq[1], act4(xb, c0 + 1)));
+  const __m256i b =
+      _mm256_add_epi16(_mm256_maddubs_epi16(wq[2], act4(xb, c0 + 2)), _mm256_maddubs_epi16(wq[3], act4(xb, c0 + 3)));
   return _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
 }
 
@@ -364,9 +389,9 @@ PYINFER_INLINE void packed_tile_k(int type, int MT, const uint8_t* group, const 
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
       __m256 dmin = _mm256_setzero_ps();
       __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0;
-      if (type == GGML_Q4_K) {
+      if (type != GGML_Q6_K) {
         dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
-        const uint8_t* sc = gb + packed_field(GGML_Q4_K, 2) + 32 * h;
+        const uint8_t* sc = gb + packed_field(type, 2) + 32 * h;
         c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
         c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64));
         c2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 128));
@@ -375,7 +400,7 @@ PYINFER_INLINE void packed_tile_k(int type, int MT, const uint8_t* group, const 
         __m256i wq[8];
         for (int c = 0; c < 8; ++c) wq[c] = k_column(type, gb, h, s, c);
         __m256 ds = d, mn = dmin;
-        if (type == GGML_Q4_K) {
+        if (type != GGML_Q6_K) {
           ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, false)));
           mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)));
         }
@@ -383,16 +408,16 @@ PYINFER_INLINE void packed_tile_k(int type, int MT, const uint8_t* group, const 
           const block_q8a* xb = x + c * nb + ib + s;
           __m256i lo = dot4(wq, xb, 0), hi = dot4(wq + 4, xb, 4);
           if (xb->h4 != 0) {  // 128 * h * q_w[jo], into jo's half
-            const __m256i p = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(k_column(type, gb, h, s, xb->jo / 4), _mm256_set1_epi32(xb->h4)),
-                _mm256_set1_epi16(1));
+            const __m256i p =
+                _mm256_madd_epi16(_mm256_maddubs_epi16(k_column(type, gb, h, s, xb->jo / 4), _mm256_set1_epi32(xb->h4)),
+                                  _mm256_set1_epi16(1));
             if (xb->jo < 16)
               lo = _mm256_add_epi32(lo, _mm256_slli_epi32(p, 7));
             else
               hi = _mm256_add_epi32(hi, _mm256_slli_epi32(p, 7));
           }
           __m256i isum;
-          if (type == GGML_Q4_K) {
+          if (type != GGML_Q6_K) {
             isum = _mm256_add_epi32(lo, hi);
           } else {  // each sub-block less 32 times its activations' sum, times its scale
             lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * xb->sum_lo));
@@ -402,7 +427,7 @@ PYINFER_INLINE void packed_tile_k(int type, int MT, const uint8_t* group, const 
           }
           const __m256 f = _mm256_mul_ps(ds, _mm256_set1_ps(xb->d));
           acc[c][h] = _mm256_add_ps(acc[c][h], _mm256_mul_ps(f, _mm256_cvtepi32_ps(isum)));
-          if (type == GGML_Q4_K)
+          if (type != GGML_Q6_K)
             acc_min[c][h] = _mm256_sub_ps(acc_min[c][h], _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum)));
         }
       }
@@ -411,7 +436,7 @@ PYINFER_INLINE void packed_tile_k(int type, int MT, const uint8_t* group, const 
   for (int c = 0; c < MT; ++c) {
     float out[16];
     for (int h = 0; h < 2; ++h)
-      _mm256_storeu_ps(out + 8 * h, type == GGML_Q4_K ? _mm256_add_ps(acc[c][h], acc_min[c][h]) : acc[c][h]);
+      _mm256_storeu_ps(out + 8 * h, type != GGML_Q6_K ? _mm256_add_ps(acc[c][h], acc_min[c][h]) : acc[c][h]);
     for (int r = 0; r < n_valid; ++r) y[c * ldy + r] = out[r];
   }
 }
@@ -457,7 +482,10 @@ void fill_matmul_avx2(KernelSet& t) {
   t.matmul_fast_packed[GGML_Q8_0] = matmul_fast_packed_avx2<GGML_Q8_0>;
   t.matmul_fast_packed[GGML_Q4_0] = matmul_fast_packed_avx2<GGML_Q4_0>;
   t.matmul_fast_packed[GGML_Q4_1] = matmul_fast_packed_avx2<GGML_Q4_1>;
+  t.matmul_fast_packed[GGML_Q5_0] = matmul_fast_packed_avx2<GGML_Q5_0>;
+  t.matmul_fast_packed[GGML_Q5_1] = matmul_fast_packed_avx2<GGML_Q5_1>;
   t.matmul_fast_packed[GGML_Q4_K] = matmul_fast_packed_avx2<GGML_Q4_K>;
+  t.matmul_fast_packed[GGML_Q5_K] = matmul_fast_packed_avx2<GGML_Q5_K>;
   t.matmul_fast_packed[GGML_Q6_K] = matmul_fast_packed_avx2<GGML_Q6_K>;
 }
 
