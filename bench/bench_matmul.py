@@ -3,9 +3,10 @@
 Per weight type, a GEMV (M = 1, fast mode) over a weight matrix of --mib MiB (default 128:
 four times a 32 MiB L3, so every call streams W from DRAM), on 1 and 2 threads, in GB/s of
 weights read and as a fraction of pyinfer.measure_read_bandwidth measured in the same run
-with the same thread count, its passes alternating with the GEMV calls; Q8_0, Q4_0 and Q4_1
-both as stored in GGUF ("blocks") and in the 16-row interleaved layout of _C.repack
-("packed16"). Then GEMM GOP/s (2*M*N*K per call) at M = 16, 64, 512 for Q4_1 and Q8_0 in
+with the same thread count, its passes alternating with the GEMV calls; the int8 types (Q8_0,
+Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) both as stored in GGUF ("blocks") and in the 16-row
+interleaved layout of _C.repack ("packed16"; Q5_0, Q5_1 and the K-quants in that layout only,
+the one their SIMD kernels take). Then GEMM GOP/s (2*M*N*K per call) at M = 16, 64, 512 for Q4_1 and Q8_0 in
 fast mode, in both layouts. Each kernel is validated against pyinfer.reference before it is
 timed, runs once to warm up, and reports the median of --repeats calls.
 
@@ -29,10 +30,13 @@ import pyinfer
 from pyinfer import _C, quants
 from pyinfer import reference as R
 
-TYPES = {"q4_1": 3, "q8_0": 8, "q4_0": 2, "f16": 1, "bf16": 30, "f32": 0}
-BLOCK = {3: (32, 20), 8: (32, 34), 2: (32, 18), 1: (1, 2), 30: (1, 2), 0: (1, 4)}
+TYPES = {"q4_1": 3, "q8_0": 8, "q4_0": 2, "q5_0": 6, "q5_1": 7, "q4_k": 12, "q5_k": 13, "q6_k": 14,
+         "f16": 1, "bf16": 30, "f32": 0}
+BLOCK = {3: (32, 20), 8: (32, 34), 2: (32, 18), 6: (32, 22), 7: (32, 24), 12: (256, 144), 13: (256, 176),
+         14: (256, 210), 1: (1, 2), 30: (1, 2), 0: (1, 4)}
 EPS = float(np.finfo(np.float32).eps)
-PACKABLE = {3, 8, 2}
+PACKABLE = {3, 8, 2, 6, 7, 12, 13, 14}
+SIMD_BLOCKS = {3, 8, 2}  # the packable types with SIMD kernels on blocks as stored too
 
 
 def _commit() -> str | None:
@@ -130,7 +134,9 @@ def main() -> None:
             validate(x, raw, w_type, n, k, t)
             if packed is not None:
                 check_packed(x, raw, packed, w_type, n, k, t)
-            layouts = [("blocks", raw, False)] + ([("packed16", packed, True)] if packed is not None else [])
+            # Q5_0, Q5_1 and the K-quants have SIMD kernels in the packed layout only.
+            blocks = [("blocks", raw, False)] if w_type not in PACKABLE or w_type in SIMD_BLOCKS else []
+            layouts = blocks + ([("packed16", packed, True)] if packed is not None else [])
             # The probe's passes and the GEMV calls alternate, so a neighbour's load on this
             # shared machine falls on both alike instead of on whichever ran during it.
             probe_gbps: list[float] = []

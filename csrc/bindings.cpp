@@ -177,7 +177,7 @@ py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t 
   if (!py::isinstance<py::array_t<float>>(x) || x.ndim() != 2 || !c_contig(x) || x.shape(1) != k)
     throw py::value_error("x must be a C-contiguous float32 array of shape (M, k=" + std::to_string(k) + ")");
   if (packed && packed_bytes(w_type, n, k) < 0)
-    throw py::value_error("packed weights are Q8_0, Q4_0 or Q4_1 (from repack)");
+    throw py::value_error("packed weights are Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K (from repack)");
   const int64_t w_bytes = packed ? packed_bytes(w_type, n, k) : n * row_bytes;
   if (!c_contig(w) || w.nbytes() != w_bytes)
     throw py::value_error(std::string("w must be a C-contiguous array of exactly ") +
@@ -473,11 +473,13 @@ py::array_t<float> attention_py(py::array q, const KVCache& cache, int64_t layer
   return y;
 }
 
-// The 16-row interleaved layout of Q8_0/Q4_0/Q4_1 weights (repack16) and back (unpack16).
+// The 16-row interleaved layout of the int8 fast types (repack16) and back (unpack16).
 py::array_t<uint8_t> repack_py(py::array w, uint32_t w_type, int64_t n, int64_t k) {
   const int64_t total = packed_bytes(w_type, n, k);
   if (total < 0 || n < 1)
-    throw py::value_error("repack takes Q8_0, Q4_0 or Q4_1 weights, n >= 1, k a positive multiple of 32");
+    throw py::value_error(
+        "repack takes Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K weights, n >= 1, k a positive "
+        "multiple of the type's block size");
   if (!(w.flags() & py::array::c_style) || w.nbytes() != n * matmul_row_bytes(w_type, k))
     throw py::value_error("w must be a C-contiguous array of exactly n rows of the type");
   py::array_t<uint8_t> out(total);
@@ -493,7 +495,9 @@ py::array_t<uint8_t> repack_py(py::array w, uint32_t w_type, int64_t n, int64_t 
 py::array_t<uint8_t> unpack_py(py::array packed, uint32_t w_type, int64_t n, int64_t k) {
   const int64_t total = packed_bytes(w_type, n, k);
   if (total < 0 || n < 1)
-    throw py::value_error("unpack takes Q8_0, Q4_0 or Q4_1 weights, n >= 1, k a positive multiple of 32");
+    throw py::value_error(
+        "unpack takes Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K weights, n >= 1, k a positive "
+        "multiple of the type's block size");
   if (!(packed.flags() & py::array::c_style) || packed.nbytes() != total)
     throw py::value_error("packed must be a C-contiguous array of " + std::to_string(total) + " bytes");
   py::array_t<uint8_t> out(n * matmul_row_bytes(w_type, k));
@@ -643,10 +647,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("matmul", &matmul_py, py::arg("x"), py::arg("w"), py::arg("w_type"), py::arg("n"), py::arg("k"), py::kw_only(),
         py::arg("precision") = "fast", py::arg("n_threads") = 1, py::arg("out") = py::none(), py::arg("packed") = false,
         "y[M, n] = x[M, k] @ W[n, k]^T for W of a GGUF type id with a matmul or dequantization "
-        "kernel, as stored; precision 'fast' (int8 activations, integer dots, for Q8_0, Q4_0 and Q4_1; "
+        "kernel, as stored; precision 'fast' (int8 activations, integer dots, for Q8_0, Q4_0, Q4_1, Q5_0, "
+        "Q5_1, Q4_K, Q5_K and Q6_K; "
         "the exact path for other types) or 'exact' (float32).");
   m.def("repack", &repack_py, py::arg("w"), py::arg("w_type"), py::arg("n"), py::arg("k"),
-        "Q8_0/Q4_0/Q4_1 weights of n rows -> the 16-row interleaved layout matmul(packed=True) "
+        "Weights of an int8 fast type, n rows -> the 16-row interleaved layout matmul(packed=True) "
         "takes (n padded to a multiple of 16).");
   m.def("unpack", &unpack_py, py::arg("packed"), py::arg("w_type"), py::arg("n"), py::arg("k"),
         "The inverse of repack: the n rows' blocks as stored in GGUF.");

@@ -21,8 +21,8 @@ import pyinfer
 from pyinfer import _C
 
 # ggml type ids as stored in GGUF.
-F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 8, 12, 14, 30
-Q5_1 = 7  # a real type pyinfer has no kernel for
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30
+Q8_1 = 9  # a real type pyinfer has no kernel for
 
 # type id -> (elements per block, bytes per block)
 BLOCK = {
@@ -32,14 +32,16 @@ BLOCK = {
     Q4_0: (32, 18),
     Q4_1: (32, 20),
     Q5_0: (32, 22),
+    Q5_1: (32, 24),
     Q8_0: (32, 34),
     Q4_K: (256, 144),
+    Q5_K: (256, 176),
     Q6_K: (256, 210),
 }
-QUANT_TYPES = [Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K]
+QUANT_TYPES = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K]
 PLAIN_TYPES = [F32, F16, BF16]
 NAMES = {F32: "f32", F16: "f16", BF16: "bf16", Q4_0: "q4_0", Q4_1: "q4_1", Q5_0: "q5_0",
-         Q8_0: "q8_0", Q4_K: "q4_K", Q6_K: "q6_K"}
+         Q5_1: "q5_1", Q8_0: "q8_0", Q4_K: "q4_K", Q5_K: "q5_K", Q6_K: "q6_K"}
 
 # Element counts around the 8- and 16-float vector widths, for the one-element types.
 PLAIN_COUNTS = [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 1027]
@@ -73,7 +75,8 @@ def put_u16(raw: np.ndarray, block_bytes: int, offset: int, bits: np.ndarray) ->
 
 
 # Byte offsets of each type's fp16 scales inside its block.
-SCALE_OFFSETS = {Q4_0: [0], Q4_1: [0, 2], Q5_0: [0], Q8_0: [0], Q4_K: [0, 2], Q6_K: [208]}
+SCALE_OFFSETS = {Q4_0: [0], Q4_1: [0, 2], Q5_0: [0], Q5_1: [0, 2], Q8_0: [0], Q4_K: [0, 2], Q5_K: [0, 2],
+                 Q6_K: [208]}
 
 
 def random_blocks(rng: np.random.Generator, qtype: int, n_blocks: int, special: bool) -> np.ndarray:
@@ -116,13 +119,24 @@ def np_dequant_q4_1(raw: np.ndarray) -> np.ndarray:
     return (q * f16_at(b, 0) + f16_at(b, 2)).ravel()
 
 
-def np_dequant_q5_0(raw: np.ndarray) -> np.ndarray:
-    b = raw.reshape(-1, 22)
-    qh = b[:, 2:6].astype(np.uint32)
+def q5_quants(b: np.ndarray, qh_at: int) -> np.ndarray:
+    """Q5_0/Q5_1 blocks -> (n, 32) five-bit quants: nibbles after the 4 bytes of fifth bits at
+    qh_at, bit j of that little-endian word for element j."""
+    qh = b[:, qh_at:qh_at + 4].astype(np.uint32)
     qh = qh[:, 0] | (qh[:, 1] << 8) | (qh[:, 2] << 16) | (qh[:, 3] << 24)
     fifth = ((qh[:, None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int32)
-    q = ((nibbles(b[:, 6:]) | (fifth << 4)) - 16).astype(np.float32)
+    return nibbles(b[:, qh_at + 4:]) | (fifth << 4)
+
+
+def np_dequant_q5_0(raw: np.ndarray) -> np.ndarray:
+    b = raw.reshape(-1, 22)
+    q = (q5_quants(b, 2) - 16).astype(np.float32)
     return (q * f16_at(b, 0)).ravel()
+
+
+def np_dequant_q5_1(raw: np.ndarray) -> np.ndarray:
+    b = raw.reshape(-1, 24)
+    return (q5_quants(b, 4).astype(np.float32) * f16_at(b, 0) + f16_at(b, 2)).ravel()
 
 
 def np_q4_K_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -137,15 +151,18 @@ def np_q4_K_scales(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def np_dequant_q4_K(raw: np.ndarray) -> np.ndarray:
-    b = raw.reshape(-1, 144)
+def np_dequant_q4_K(raw: np.ndarray, five: bool = False) -> np.ndarray:
+    b = raw.reshape(-1, 176 if five else 144)
     sc, mn = np_q4_K_scales(b[:, 4:16])
     d1 = f16_at(b, 0) * sc.astype(np.float32)     # (n, 8), exact
     m1 = f16_at(b, 2) * mn.astype(np.float32)
-    qs = b[:, 16:].reshape(-1, 4, 32)
+    qs = b[:, 48 if five else 16:].reshape(-1, 4, 32)
     # Sub-block 2g is the low nibbles of qs[g], sub-block 2g+1 the high nibbles.
-    q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float32)
-    return (d1[:, :, None] * q - m1[:, :, None]).ravel()
+    q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.int32)
+    if five:  # Q5_K: bit j of qh[l] is the fifth bit of element l of sub-block j
+        qh = b[:, 16:48].astype(np.int32)
+        q |= ((qh[:, None, :] >> np.arange(8)[None, :, None]) & 1) << 4
+    return (d1[:, :, None] * q.astype(np.float32) - m1[:, :, None]).ravel()
 
 
 def np_dequant_q6_K(raw: np.ndarray) -> np.ndarray:
@@ -189,7 +206,9 @@ NP_DEQUANT = {
     Q4_0: np_dequant_q4_0,
     Q4_1: np_dequant_q4_1,
     Q5_0: np_dequant_q5_0,
+    Q5_1: np_dequant_q5_1,
     Q4_K: np_dequant_q4_K,
+    Q5_K: lambda raw: np_dequant_q4_K(raw, five=True),
     Q6_K: np_dequant_q6_K,
 }
 
@@ -276,8 +295,8 @@ def test_isa_paths_agree_bit_for_bit(qtype: int) -> None:
 
 # ---- a second, independent check: the gguf package --------------------------------------
 
-GGUF_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q8_0: "Q8_0", Q4_K: "Q4_K",
-              Q6_K: "Q6_K", F16: "F16", BF16: "BF16"}
+GGUF_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0", Q4_K: "Q4_K",
+              Q5_K: "Q5_K", Q6_K: "Q6_K", F16: "F16", BF16: "BF16"}
 
 
 @pytest.mark.parametrize("qtype", list(GGUF_TYPES), ids=NAMES.get)
@@ -363,7 +382,7 @@ def test_wrong_raw_size_raises() -> None:
 
 
 def test_unknown_type_raises() -> None:
-    for t in (Q5_1, 4, 39, 40, 1000):
+    for t in (Q8_1, 4, 39, 40, 1000):
         with pytest.raises(ValueError):
             _C.dequantize(t, np.zeros(0, np.uint8), 0)
 

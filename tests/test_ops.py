@@ -268,7 +268,7 @@ def test_embedding_errors() -> None:
         _C.embedding(np.zeros(34, np.uint8), Q8_0, [0], 31)
     with pytest.raises(ValueError, match="block size"):  # Q4_K rows are whole 256-blocks
         _C.embedding(np.zeros(144, np.uint8), Q4_K, [0], 128)
-    with pytest.raises(ValueError, match="kernel"):  # Q5_1: known, but no kernel
-        _C.embedding(np.zeros(24, np.uint8), 7, [0], 32)
+    with pytest.raises(ValueError, match="kernel"):  # Q8_1: known, but no kernel
+        _C.embedding(np.zeros(36, np.uint8), 9, [0], 32)
     with pytest.raises(ValueError, match="integers"):
         _C.embedding(table, F32, np.array([0.5]), 8)

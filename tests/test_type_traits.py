@@ -54,4 +54,4 @@ def test_the_same_types_dequantize_in_cpp_and_numpy():
             continue
         with_kernel.add(t.name)
         np.testing.assert_array_equal(_C.dequantize(int(t), raw, 4 * tr.block_elems), want)
-    assert with_kernel == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"}
+    assert with_kernel == {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"}

@@ -31,9 +31,11 @@ struct block_q8a {
   int8_t qs[QK8_A];  // a_j, and l at jo
   int32_t h4;        // h in byte jo % 4, zero elsewhere: the broadcast operand of one dot step
   int32_t jo;
-  float dsum;  // d * (float)sum: the factor of Q4_1's min term, made once per block
+  float dsum;      // d * (float)sum: the factor of the min term (Q4_1, Q5_1, Q4_K, Q5_K), made once
+  int32_t sum_lo;  // sum of a_j for j < 16 (a_jo whole): Q6_K's 16-element sub-blocks take their
+                   // stored offset of 32 off through it and sum - sum_lo
 };
-static_assert(sizeof(block_q8a) == 52, "q8a block size");
+static_assert(sizeof(block_q8a) == 56, "q8a block size");
 
 // Splits a_jo into l (returned) and h.
 static inline int act_split(int a, int* h) {
@@ -57,9 +59,10 @@ static inline float act_amax(float m1, float m2, bool* split) {
 }
 
 // Every field but the quants, once they are written.
-static inline void act_finish(block_q8a& b, float amax, int32_t sum, int h, int jo) {
+static inline void act_finish(block_q8a& b, float amax, int32_t sum, int32_t sum_lo, int h, int jo) {
   b.d = amax / 127.0f;
   b.sum = sum;
+  b.sum_lo = sum_lo;
   b.h4 = act_h4(h, jo);
   b.jo = jo;
   b.dsum = b.d * static_cast<float>(sum);

@@ -143,24 +143,30 @@ int64_t packed_bytes(uint32_t w_type, int64_t N, int64_t K) {
 
 namespace {
 
-// Copies one row's block back from its place in a 16-row group-block.
-void group_to_block(uint32_t type, const uint8_t* gb, int r, uint8_t* blk) {
-  const TypeTraits& tt = type_traits(type);
-  std::memcpy(blk + tt.d_offset, gb + 2 * r, 2);
-  if (tt.has_min) std::memcpy(blk + tt.m_offset, gb + kPackedMins + 2 * r, 2);
-  uint8_t* q = blk + tt.qs_offset;
-  for (int j = 0; j < tt.qs_bytes; ++j) {
-    const uint8_t v = gb[packed_quant_byte(type, r, j)];
-    q[j] = tt.qs_signed ? static_cast<uint8_t>(v ^ 0x80) : v;
-  }
-}
-
 void check_packable(uint32_t w_type, int64_t N, int64_t K) {
   if (packed_bytes(w_type, N, K) < 0)
     throw std::invalid_argument(
-        "the 16-row packed layout takes Q8_0, Q4_0 and Q4_1 weights with K a "
-        "positive multiple of 32; got type id " +
-        std::to_string(w_type) + ", K=" + std::to_string(K));
+        "the 16-row packed layout takes Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K weights "
+        "with K a positive multiple of the type's block size; got type id " +
+        std::to_string(w_type) + type_label(w_type) + ", K=" + std::to_string(K));
+}
+
+// Row r's block blk (as stored; nullptr for a padding row) into its place in group-block gb
+// (packed16.h). A padding row gets zero scales and quants that stand for 0 (Q8_0's q + 128).
+void block_to_packed(uint32_t type, const uint8_t* blk, int r, uint8_t* gb) {
+  const PackLayout l = pack_layout(type);
+  for (int i = 0, go = 0; i < l.n_fields; ++i) {
+    const PackField& f = l.f[i];
+    for (int u = 0; u < f.units; ++u) {
+      uint8_t* d = gb + go + (u * kPackRows + r) * f.unit_bytes;
+      uint32_t v = 0;
+      if (blk != nullptr) std::memcpy(&v, blk + f.offset + u * f.unit_bytes, static_cast<size_t>(f.unit_bytes));
+      if (f.transform == PACK_FLIP) v ^= 0x80808080u;
+      if (f.transform == PACK_QH_T) v = qh_transpose(v);
+      std::memcpy(d, &v, static_cast<size_t>(f.unit_bytes));  // little-endian, as the file
+    }
+    go += kPackRows * f.units * f.unit_bytes;
+  }
 }
 
 }  // namespace
@@ -169,36 +175,15 @@ void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed
   check_packable(w_type, N, K);
   const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / type_traits(w_type).block_elems;
   const int bb = packed_block_bytes(w_type);
-  const int qo = packed_quants_offset(w_type);
-  const TypeTraits& tt = type_traits(w_type);
-  const int q_in = tt.qs_offset;                         // quants' offset in a stored block
-  const int n_col = tt.qs_bytes / 4;                     // 4-byte quant columns per block
-  const uint32_t flip = tt.qs_signed ? 0x80808080u : 0;  // Q8_0: q + 128 as unsigned
   const int64_t n_groups = (N + kPackRows - 1) / kPackRows;
   auto* out = static_cast<uint8_t*>(packed);
   for (int64_t g = 0; g < n_groups; ++g) {
     uint8_t* group = out + g * kPackRows * row_bytes;
     const int rows = N - g * kPackRows < kPackRows ? static_cast<int>(N - g * kPackRows) : kPackRows;
-    // Padding rows of the last group: zero scales and quants that stand for 0.
-    if (rows < kPackRows) std::memset(group, 0, static_cast<size_t>(kPackRows * row_bytes));
     for (int r = 0; r < kPackRows; ++r) {
-      const bool real = r < rows;
-      const uint8_t* row = static_cast<const uint8_t*>(w) + (g * kPackRows + r) * row_bytes;
-      for (int64_t ib = 0; ib < nb; ++ib) {
-        uint8_t* gb = group + ib * kPackRows * bb;
-        const uint8_t* blk = row + ib * bb;
-        if (real) {
-          std::memcpy(gb + 2 * r, blk + tt.d_offset, 2);                                // d
-          if (tt.has_min) std::memcpy(gb + kPackedMins + 2 * r, blk + tt.m_offset, 2);  // m
-        }
-        // Quant bytes 4c..4c+3 of row r go to column c at 4r (packed16.h), whole words.
-        for (int c = 0; c < n_col; ++c) {
-          uint32_t v = 0;
-          if (real) std::memcpy(&v, blk + q_in + 4 * c, 4);
-          v ^= flip;
-          if (real || flip != 0) std::memcpy(gb + qo + 64 * c + 4 * r, &v, 4);
-        }
-      }
+      const uint8_t* row = r < rows ? static_cast<const uint8_t*>(w) + (g * kPackRows + r) * row_bytes : nullptr;
+      for (int64_t ib = 0; ib < nb; ++ib)
+        block_to_packed(w_type, row != nullptr ? row + ib * bb : nullptr, r, group + ib * kPackRows * bb);
     }
   }
 }
@@ -211,7 +196,7 @@ void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w
     uint8_t* row = static_cast<uint8_t*>(w) + n * row_bytes;
     const uint8_t* group = static_cast<const uint8_t*>(packed) + (n / kPackRows) * kPackRows * row_bytes;
     for (int64_t ib = 0; ib < nb; ++ib)
-      group_to_block(w_type, group + ib * kPackRows * bb, static_cast<int>(n % kPackRows), row + ib * bb);
+      packed_to_block(w_type, group + ib * kPackRows * bb, static_cast<int>(n % kPackRows), row + ib * bb);
   }
 }
 
@@ -226,6 +211,9 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   const int64_t group_bytes = kPackRows * row_bytes;
   const auto* wp = static_cast<const uint8_t*>(packed);
   if (precision == Precision::fast) {
+    if (kt.matmul_fast_packed[w_type] == nullptr)
+      throw std::invalid_argument("matmul: no packed fast kernel for weight type id " + std::to_string(w_type) +
+                                  type_label(w_type));
     matmul_fast_rows(
         kt, kt.matmul_fast_packed[w_type], [&](int64_t n0) { return wp + n0 / kPackRows * group_bytes; }, row_bytes, x,
         M, K, N, y, n_threads);

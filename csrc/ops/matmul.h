@@ -7,13 +7,13 @@ namespace pyinfer {
 enum class Precision {
   exact,  // float32 activations, weights dequantized on the fly, float32 accumulation
   fast,   // activations quantized per 32-block to int8, integer dot products (Q8_0, Q4_0,
-          // Q4_1 weights); for a type without int8 kernels (F32, F16, BF16, Q5_0, the
-          // K-quants) the same as exact
+          // Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K weights); for a type without int8 kernels (F32,
+          // F16, BF16) the same as exact
 };
 
 // Bytes of one weight row of K elements of the type, or -1 if matmul does not take the type
 // (it takes those with an exact or a dequantization kernel: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
-// Q5_0, Q4_K, Q6_K) or K is not a positive multiple of 32 and of the type's block size.
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) or K is not a positive multiple of 32 and of the type's block size.
 int64_t matmul_row_bytes(uint32_t w_type, int64_t K);
 
 // x: [M, K] float32, row-major; w: N rows of matmul_row_bytes(w_type, K) bytes (GGUF blocks
@@ -23,9 +23,9 @@ int64_t matmul_row_bytes(uint32_t w_type, int64_t K);
 void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type, int64_t N, float* y,
             Precision precision, int n_threads);
 
-// The 16-row interleaved layout (kernels/packed16.h) of Q8_0, Q4_0 and Q4_1 weights: faster
-// fast-mode GEMV and GEMM, repacked once at load. packed_bytes is its size for N rows
-// (N rounded up to a multiple of 16), or -1 for another type or a bad K.
+// The 16-row interleaved layout (kernels/packed16.h) of the int8 fast types' weights: faster
+// fast-mode GEMV and GEMM, repacked once at load (the same bytes as stored, per row). packed_bytes is its size for N
+// rows (N rounded up to a multiple of 16), or -1 for another type or a bad K.
 int64_t packed_bytes(uint32_t w_type, int64_t N, int64_t K);
 // w[N rows as stored] -> packed[packed_bytes], padding rows zero; and back (exactly).
 void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed);

@@ -1,9 +1,11 @@
-"""`pyinfer quantize`: rewrite a GGUF model with every weight matrix in one format."""
+"""`pyinfer quantize`: rewrite a GGUF model with every weight matrix in one format, or in the
+Q4_K_M mix of Q4_K and Q6_K."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +20,39 @@ TARGET_TYPES: dict[str, GGMLType] = {
     "q8_0": GGMLType.Q8_0,
     "q4_0": GGMLType.Q4_0,
     "q4_1": GGMLType.Q4_1,
+    "q5_0": GGMLType.Q5_0,
+    "q5_1": GGMLType.Q5_1,
+    "q4_k": GGMLType.Q4_K,
+    "q5_k": GGMLType.Q5_K,
+    "q6_k": GGMLType.Q6_K,
+    "q4_k_m": GGMLType.Q4_K,  # the mix: see _mix_type
 }
 
-# llama.cpp's llama_ftype for a file whose matrices are all of one type: readers show it
-# as the file's "quantization" and some tools pick defaults from it.
-_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "bf16": 32}
+# llama.cpp's llama_ftype for the file's format: readers show it as the file's
+# "quantization" and some tools pick defaults from it (q4_k and q5_k: its _S variants).
+_FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q5_1": 9, "q4_k": 14,
+              "q4_k_m": 15, "q5_k": 16, "q6_k": 18, "bf16": 32}
+
+# A K-quant matrix whose rows are not whole 256-element super-blocks takes the 32-element type
+# of about as many bits, as llama.cpp's quantizer does.
+_K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
+
+
+def _more_bits(layer: int, n_layer: int) -> bool:
+    """The layers whose attn_v and ffn_down a Q4_K_M file keeps in Q6_K: the first and last
+    eighth, and every third one between (llama.cpp's choice)."""
+    return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
+
+
+def _mix_type(name: str, n_layer: int, tied: bool) -> GGMLType:
+    """Q4_K_M: Q6_K for the output head (the embedding when it doubles as the head) and for
+    attn_v and ffn_down on _more_bits layers; Q4_K for every other matrix."""
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return GGMLType.Q6_K
+    m = re.match(r"blk\.(\d+)\.(attn_v|ffn_down)\.weight$", name)
+    if m and _more_bits(int(m.group(1)), n_layer):
+        return GGMLType.Q6_K
+    return GGMLType.Q4_K
 
 
 def _keeps_f32(name: str, shape: tuple[int, ...]) -> bool:
@@ -32,12 +62,13 @@ def _keeps_f32(name: str, shape: tuple[int, ...]) -> bool:
 
 def quantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], type_name: str) -> dict[str, Any]:
     """Write `dst`: `src` with every weight matrix dequantized to float32 and re-quantized to
-    `type_name` (one of TARGET_TYPES), the embedding and output head included; vectors
-    (norms) stay F32. Metadata is copied with its value types; general.file_type is set.
+    `type_name` (one of TARGET_TYPES; "q4_k_m" the Q4_K/Q6_K mix of _mix_type), the embedding
+    and output head included; vectors (norms) stay F32. Metadata is copied with its value
+    types; general.file_type is set.
 
-    A matrix whose rows are not a whole number of the target's blocks falls back to F16
-    (the block formats need rows that are multiples of 32). Returns a summary: the tensor
-    count per written type and the output's size.
+    A matrix whose rows are not a whole number of the target's blocks falls back: a K-quant to
+    Q5_0, Q5_1 or Q8_0 (rows of 256-element super-blocks are rarer than rows of 32), anything
+    else to F16. Returns a summary: the tensor count per written type and the output's size.
     """
     key = type_name.lower()
     if key not in TARGET_TYPES:
@@ -56,13 +87,19 @@ def quantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], typ
             types = r.metadata_types[k]
             w.add(k, value, types[0], types[1] if len(types) > 1 else None)
         w.add("general.file_type", _FILE_TYPE[key], ValueType.UINT32)
+        n_layer = 1 + max((int(m.group(1)) for m in map(re.compile(r"blk\.(\d+)\.").match, r.tensors) if m),
+                          default=-1)
+        tied = "output.weight" not in r.tensors
         for name, t in r.tensors.items():
             values = r.dequantize(name)
-            out = target
+            out = _mix_type(name, n_layer, tied) if key == "q4_k_m" else target
             if _keeps_f32(name, t.shape):
                 out = GGMLType.F32
-            elif t.shape[0] % BLOCK_SIZES[target][0]:
-                out = GGMLType.F16
+            else:
+                if t.shape[0] % BLOCK_SIZES[out][0]:
+                    out = _K_FALLBACK.get(out, out)
+                if t.shape[0] % BLOCK_SIZES[out][0]:
+                    out = GGMLType.F16
             w.add_tensor(name, values, out)
             counts[out.name] = counts.get(out.name, 0) + 1
             del values

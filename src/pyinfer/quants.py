@@ -71,15 +71,16 @@ def dequantize(raw: np.ndarray, ggml_type: int) -> np.ndarray:
     if t == GGMLType.Q4_1:
         q = _nibbles(_qs(b, t)).astype(_F32)
         return (q * _d(b, t) + _m(b, t)).reshape(-1)
-    if t == GGMLType.Q5_0:
-        qh = np.ascontiguousarray(b[:, 2:6]).view("<u4")  # (nb, 1): bit j is element j's fifth bit
+    if t in (GGMLType.Q5_0, GGMLType.Q5_1):
+        o = TYPE_TRAITS[t].qs_offset - 4  # the fifth bits lie just before the nibbles
+        qh = np.ascontiguousarray(b[:, o:o + 4]).view("<u4")  # (nb, 1): bit j is element j's fifth bit
         bit = (qh >> np.arange(32, dtype=np.uint32)) & 1
         q = _nibbles(_qs(b, t)).astype(np.int32) | (bit.astype(np.int32) << 4)
+        if t == GGMLType.Q5_1:
+            return (q.astype(_F32) * _d(b, t) + _m(b, t)).reshape(-1)
         return ((q - bias).astype(_F32) * _d(b, t)).reshape(-1)
-    if t == GGMLType.Q4_K:
-        return _dequantize_q4_k(b)
-    if t == GGMLType.Q6_K:
-        return _dequantize_q6_k(b)
+    if t in (GGMLType.Q4_K, GGMLType.Q5_K, GGMLType.Q6_K):
+        return _dequantize_k(b, t)
     raise NotImplementedError(f"dequantization of {t.name} is not implemented")
 
 
@@ -95,33 +96,54 @@ def q4_k_scales_mins(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return sc, mn
 
 
-def _dequantize_q4_k(b: np.ndarray) -> np.ndarray:
-    # Layout: d (f16), dmin (f16), 12 scale bytes, 128 bytes of nibbles. Each run of 32 bytes
-    # holds two sub-blocks of 32: low nibbles are sub-block 2c, high nibbles 2c+1.
+def k_quant_parts(b: np.ndarray, t: GGMLType) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q4_K, Q5_K or Q6_K blocks (n_blocks, block bytes) as 32-element sub-blocks: the integer
+    quants q (n_blocks, 8, 32) int32, and per sub-block the float32 scale and offset (n_blocks,
+    8), value = scale * q - offset. Q4_K and Q5_K: q the stored quant, scale = d * sc and
+    offset = dmin * mn. Q6_K: q = sc * (stored - 32), with sc the int8 scale of the element's
+    16-element half-sub-block, scale = d and offset 0."""
     nb = b.shape[0]
-    d, dmin = _d(b, GGMLType.Q4_K), _m(b, GGMLType.Q4_K)
-    sc, mn = q4_k_scales_mins(b[:, 4:16])
-    scale = d * sc.astype(_F32)  # (nb, 8)
-    offset = dmin * mn.astype(_F32)
-    qs = _qs(b, GGMLType.Q4_K).reshape(nb, 4, 32)
-    q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32).astype(_F32)
-    return (scale[:, :, None] * q - offset[:, :, None]).reshape(-1)
+    if t in (GGMLType.Q4_K, GGMLType.Q5_K):
+        # d (f16), dmin (f16), 12 scale bytes, [Q5_K: 32 bytes of fifth bits], 128 bytes of
+        # nibbles. Each run of 32 nibble bytes holds two sub-blocks: low nibbles 2c, high 2c+1.
+        d, dmin = _d(b, t), _m(b, t)
+        sc, mn = q4_k_scales_mins(b[:, 4:16])
+        qs = _qs(b, t).reshape(nb, 4, 32)
+        q = np.stack([qs & 0x0F, qs >> 4], axis=2).reshape(nb, 8, 32).astype(np.int32)
+        if t == GGMLType.Q5_K:
+            qh = b[:, 16:48]  # bit s of byte l: the fifth bit of element l of sub-block s
+            q |= (((qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1).astype(np.int32) << 4)
+        return q, d * sc.astype(_F32), dmin * mn.astype(_F32)
+    if t == GGMLType.Q6_K:
+        q, sc = _q6_k_quants(b)
+        q = (q * np.repeat(sc, 16, axis=3)).reshape(nb, 8, 32)
+        return q, np.repeat(_d(b, t), 8, axis=1), np.zeros((nb, 8), _F32)
+    raise ValueError(f"{t.name} is not a K-quant with 32-element sub-blocks")
 
 
-def _dequantize_q6_k(b: np.ndarray) -> np.ndarray:
+def _q6_k_quants(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q6_K blocks -> quants less 32 (n_blocks, half, k, 32) int32 for element 128*half + 32*k
+    + l, and their int8 scales (n_blocks, half, k, 2), one per 16 elements."""
     # Layout: 128 bytes of low nibbles, 64 bytes of 2-bit highs, 16 int8 scales, d (f16).
-    # Each half (128 elements) uses 64 low bytes and 32 high bytes; within it element
-    # 32*k + l takes low byte l (+32 for k odd), nibble k // 2, high bits 2k..2k+1 of byte l.
+    # Each half (128 elements) uses 64 low bytes and 32 high bytes; within it element 32*k + l
+    # takes low byte l (+32 for k odd), nibble k // 2, high bits 2k..2k+1 of byte l.
     nb = b.shape[0]
     ql = b[:, 0:128].reshape(nb, 2, 2, 32)  # half, (l or l+32), l
     qh = b[:, 128:192].reshape(nb, 2, 1, 32)
-    sc = b[:, 192:208].view(np.int8).reshape(nb, 2, 4, 2).astype(_F32)  # half, k, l // 16
-    d = _d(b, GGMLType.Q6_K).reshape(nb, 1, 1, 1)
+    sc = b[:, 192:208].view(np.int8).reshape(nb, 2, 4, 2).astype(np.int32)  # half, k, l // 16
     low = np.stack([ql[:, :, 0] & 0x0F, ql[:, :, 1] & 0x0F, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], axis=2)
     high = (qh >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
-    q = (low | (high << 4)).astype(np.int16) - TYPE_TRAITS[GGMLType.Q6_K].q_bias  # (nb, half, k, 32)
-    scale = d * np.repeat(sc, 16, axis=3)  # (nb, half, k, 32)
-    return (scale * q.astype(_F32)).reshape(-1)
+    return (low | (high << 4)).astype(np.int32) - TYPE_TRAITS[GGMLType.Q6_K].q_bias, sc
+
+
+def _dequantize_k(b: np.ndarray, t: GGMLType) -> np.ndarray:
+    if t == GGMLType.Q6_K:
+        # value = (d * sc) * (q - 32): the sub-block scale goes onto d, not onto the integer.
+        q, sc = _q6_k_quants(b)
+        scale = _d(b, t).reshape(-1, 1, 1, 1) * np.repeat(sc, 16, axis=3).astype(_F32)
+        return (scale * q.astype(_F32)).reshape(-1)
+    q, scale, offset = k_quant_parts(b, t)
+    return (scale[:, :, None] * q.astype(_F32) - offset[:, :, None]).reshape(-1)
 
 
 # -- quantization (float32 -> blocks), for the writer -----------------------------------------
@@ -185,8 +207,10 @@ def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
         return np.concatenate([_f16_bytes(d), _f16_bytes(vmin), _pack_nibbles(q)], axis=1).reshape(-1)
     if t == GGMLType.Q5_0:
         return _quantize_q5_0(v)
-    if t == GGMLType.Q4_K:
-        return _quantize_q4_k(v)
+    if t == GGMLType.Q5_1:
+        return _quantize_q5_1(v)
+    if t in (GGMLType.Q4_K, GGMLType.Q5_K):
+        return _quantize_q4_k(v, bits=4 if t == GGMLType.Q4_K else 5)
     if t == GGMLType.Q6_K:
         return _quantize_q6_k(v)
     raise NotImplementedError(
@@ -210,9 +234,23 @@ def _quantize_q5_0(v: np.ndarray) -> np.ndarray:
     vmax = v[np.arange(v.shape[0]), idx].reshape(-1, 1)
     d = vmax / _F32(-16)
     q = np.minimum(31, np.trunc(v * _inv(d) + _F32(16.5))).astype(np.uint32)
-    qh = ((q >> 4) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32).astype("<u4")
     qs = _pack_nibbles((q & 0x0F).astype(np.uint8))
-    return np.concatenate([_f16_bytes(d), qh.reshape(-1, 1).view(np.uint8), qs], axis=1).reshape(-1)
+    return np.concatenate([_f16_bytes(d), _fifth_bits(q), qs], axis=1).reshape(-1)
+
+
+def _fifth_bits(q: np.ndarray) -> np.ndarray:
+    """32 five-bit quants per block -> their fifth bits as a little-endian word's 4 bytes."""
+    qh = ((q.astype(np.uint32) >> 4) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32).astype("<u4")
+    return qh.reshape(-1, 1).view(np.uint8)
+
+
+def _quantize_q5_1(v: np.ndarray) -> np.ndarray:
+    # As Q4_1, over 31 steps.
+    vmin = v.min(axis=1, keepdims=True)
+    d = (v.max(axis=1, keepdims=True) - vmin) / _F32(31)
+    q = np.clip(np.trunc((v - vmin) * _inv(d) + _F32(0.5)), 0, 31).astype(np.uint32)
+    qs = _pack_nibbles((q & 0x0F).astype(np.uint8))
+    return np.concatenate([_f16_bytes(d), _f16_bytes(vmin), _fifth_bits(q), qs], axis=1).reshape(-1)
 
 
 def _pack_k_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
@@ -224,13 +262,14 @@ def _pack_k_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
     return s
 
 
-def _quantize_q4_k(v: np.ndarray) -> np.ndarray:
+def _quantize_q4_k(v: np.ndarray, bits: int = 4) -> np.ndarray:
     # 8 sub-blocks of 32, value = (d * sc) * q - dmin * mn: each sub-block's range [lo, hi]
-    # (lo <= 0, so that mn >= 0) in 15 steps.
+    # (lo <= 0, so that mn >= 0) in 15 steps (Q5_K, bits = 5: 31 steps and a fifth bit).
     nb = v.shape[0]
+    top = (1 << bits) - 1
     sub = v.reshape(nb, 8, 32)
     lo = np.minimum(sub.min(axis=2), 0)
-    step = (sub.max(axis=2) - lo) / _F32(15)
+    step = (sub.max(axis=2) - lo) / _F32(top)
     d = _f16_round(step.max(axis=1, keepdims=True) / _F32(63))
     dmin = _f16_round((-lo).max(axis=1, keepdims=True) / _F32(63))
     sc = np.clip(_round_away(step * _inv(d)), 0, 63).astype(np.uint8)
@@ -238,9 +277,14 @@ def _quantize_q4_k(v: np.ndarray) -> np.ndarray:
     scale = d * sc.astype(_F32)
     offset = dmin * mn.astype(_F32)
     q = _round_away((sub + offset[:, :, None]) * _inv(scale)[:, :, None])
-    q = np.clip(q, 0, 15).astype(np.uint8).reshape(nb, 4, 2, 32)
-    qs = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(nb, 128)
-    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), _pack_k_scales(sc, mn), qs], axis=1).reshape(-1)
+    q = np.clip(q, 0, top).astype(np.uint8)  # (nb, sub-block, l)
+    low = (q & 0x0F).reshape(nb, 4, 2, 32)
+    qs = (low[:, :, 0] | (low[:, :, 1] << 4)).reshape(nb, 128)
+    head = [_f16_bytes(d), _f16_bytes(dmin), _pack_k_scales(sc, mn)]
+    if bits == 5:  # bit s of byte l: the fifth bit of element l of sub-block s
+        qh = ((q >> 4) << np.arange(8, dtype=np.uint8)[None, :, None]).sum(axis=1, dtype=np.uint32)
+        head.append(qh.astype(np.uint8))
+    return np.concatenate(head + [qs], axis=1).reshape(-1)
 
 
 def _quantize_q6_k(v: np.ndarray) -> np.ndarray:

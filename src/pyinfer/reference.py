@@ -192,14 +192,28 @@ def activation_integers(q: np.ndarray, h: np.ndarray, jo: np.ndarray) -> np.ndar
     return a
 
 
+# The weight types with int8 fast-mode kernels.
+FAST_TYPES = (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0, GGMLType.Q5_1, GGMLType.Q4_K,
+              GGMLType.Q5_K, GGMLType.Q6_K)
+
+
 def _weight_blocks(w_raw: np.ndarray, w_type: int, n: int, k: int):
-    """Integer quants [N, K/32, 32] (signed, offset removed), scale and min [N, K/32] float32."""
+    """W as 32-element blocks, the C++ spec's view (csrc/kernels/ref/matmul_ref.cpp): integer
+    quants [N, K/32, 32] (signed, offset removed; Q6_K's sub-block scale multiplied in), scale
+    and min [N, K/32] float32 with value = scale * q + min (K-quants: scale = d * sc, min =
+    -(dmin * mn))."""
+    from pyinfer.quants import k_quant_parts
+
     t = GGMLType(w_type)
-    if t not in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1):
-        raise ValueError(f"fast mode's integer kernels take Q8_0, Q4_0 and Q4_1, not {t.name}")
+    if t not in FAST_TYPES:
+        raise ValueError(f"fast mode's integer kernels take {', '.join(x.name for x in FAST_TYPES)}, not {t.name}")
     tr = TYPE_TRAITS[t]
     nb = k // _QK
-    b = np.asarray(w_raw).reshape(-1).view(np.uint8).reshape(n, nb, tr.block_bytes)
+    b = np.asarray(w_raw).reshape(-1).view(np.uint8).reshape(n, k // tr.block_elems, tr.block_bytes)
+    if tr.block_elems != _QK:
+        q, scale, offset = k_quant_parts(b.reshape(-1, tr.block_bytes), t)
+        return (q.reshape(n, nb, _QK).astype(np.int64), scale.reshape(n, nb),
+                (-offset).reshape(n, nb).astype(np.float32))
 
     def f16(o: int) -> np.ndarray:
         return np.ascontiguousarray(b[:, :, o:o + 2]).view("<f2")[:, :, 0].astype(np.float32)
@@ -211,17 +225,20 @@ def _weight_blocks(w_raw: np.ndarray, w_type: int, n: int, k: int):
         q = qs.view(np.int8).astype(np.int64)
     else:
         q = np.concatenate([qs & 0x0F, qs >> 4], axis=2).astype(np.int64)  # elements 0..15, 16..31
+    if tr.quant_bits == 5:  # Q5_0, Q5_1: bit j of the word before the nibbles is element j's fifth
+        qh = np.ascontiguousarray(b[:, :, tr.qs_offset - 4:tr.qs_offset]).view("<u4")  # [N, nb, 1]
+        q |= ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int64) << 4
     return q - tr.q_bias, d, m
 
 
 def matmul_fast_parts(
     x: np.ndarray, w_raw: np.ndarray, w_type: int, n: int, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Fast mode for Q8_0, Q4_0, Q4_1 weights: (y, magnitude), both float64 [M, N].
+    """Fast mode for the FAST_TYPES weights: (y, magnitude), both float64 [M, N].
 
     Activations are quantized as quantize_activations does; each 32-block's dot product
     isum = sum_j q_w[j] * a_j is exact in integers, and
-    y = sum_b (d_w * d_x) * isum  +  sum_b m_w * (d_x * sum_x)   (the second for Q4_1 only)
+    y = sum_b (d_w * d_x) * isum  +  sum_b m_w * (d_x * sum_x)   (the second where W has mins)
     with d_w * d_x, d_x * sum_x and m_w * (...) rounded to float32 as the C++ does, the sums
     exact. `magnitude` = sum_b |d_w * d_x| * sum_j (|q_w[j]| + 2 * off) * |q_x[j]|
     + sum_b |m_w * (d_x * sum_x)|, with off the offset the type stores its quants with (8 for
@@ -233,19 +250,20 @@ def matmul_fast_parts(
     qw, dw, mw = _weight_blocks(w_raw, w_type, n, k)
     qx = activation_integers(qx, hx, jx)  # [M, nb, 32]
     isum = np.einsum("mbj,nbj->mnb", qx, qw)  # [M, N, nb], exact
-    off = TYPE_TRAITS[GGMLType(w_type)].q_bias
+    tr = TYPE_TRAITS[GGMLType(w_type)]
+    off = tr.q_bias if tr.block_elems == _QK else 0  # K-quants: the offset is in q's integers
     iabs = np.einsum("mbj,nbj->mnb", np.abs(qx), np.abs(qw) + 2 * off)
     f = (dw[None, :, :] * dx[:, None, :]).astype(np.float64)  # float32 products
     y = (f * isum).sum(axis=2)
     mag = (np.abs(f) * iabs).sum(axis=2)
     s = dx * sx.astype(np.float32)  # [M, nb] float32
-    mins = (mw[None, :, :] * s[:, None, :]).astype(np.float64)  # zero unless Q4_1
+    mins = (mw[None, :, :] * s[:, None, :]).astype(np.float64)  # zero unless W has mins
     return y + mins.sum(axis=2), mag + np.abs(mins).sum(axis=2)
 
 
 def matmul_fast(x: np.ndarray, w_raw: np.ndarray, w_type: int, n: int, k: int) -> np.ndarray:
     """Fast mode (see matmul_fast_parts); for types without int8 kernels the exact mode."""
-    if w_type not in (GGMLType.Q8_0, GGMLType.Q4_0, GGMLType.Q4_1):
+    if w_type not in FAST_TYPES:
         return matmul_exact(x, w_raw, w_type, n, k)
     return matmul_fast_parts(x, w_raw, w_type, n, k)[0]
 

@@ -61,26 +61,40 @@ void dequant_q4_1_ref(const void* src, float* dst, int64_t n) {
   }
 }
 
-void dequant_q5_0_ref(const void* src, float* dst, int64_t n) {
-  constexpr int kBias = type_traits(GGML_Q5_0).q_bias;
-  const auto* b = static_cast<const block_q5_0*>(src);
+// Q5_0 (value = (q - 16) * d) and Q5_1 (value = q * d + m): Q4's nibbles plus a fifth bit per
+// element, bit j of qh for element j.
+template <class Block>
+void dequant_q5_ref(const void* src, float* dst, int64_t n) {
+  constexpr bool kMin = sizeof(Block) == sizeof(block_q5_1);
+  constexpr int kBias = type_traits(kMin ? GGML_Q5_1 : GGML_Q5_0).q_bias;
+  const auto* b = static_cast<const Block*>(src);
   for (int64_t ib = 0; ib < n / QK5_0; ++ib, dst += QK5_0) {
     const float d = fp16_to_f32(b[ib].d);
+    float m = 0.0f;
+    if constexpr (kMin) m = fp16_to_f32(b[ib].m);
     const uint8_t* h = b[ib].qh;
     const uint32_t qh = h[0] | (h[1] << 8) | (h[2] << 16) | (static_cast<uint32_t>(h[3]) << 24);
     for (int j = 0; j < QK5_0 / 2; ++j) {
       const int lo = (b[ib].qs[j] & 0x0f) | (((qh >> j) & 1) << 4);
       const int hi = (b[ib].qs[j] >> 4) | (((qh >> (j + QK5_0 / 2)) & 1) << 4);
-      dst[j] = (lo - kBias) * d;
-      dst[j + QK5_0 / 2] = (hi - kBias) * d;
+      if constexpr (kMin) {
+        dst[j] = lo * d + m;
+        dst[j + QK5_0 / 2] = hi * d + m;
+      } else {
+        dst[j] = (lo - kBias) * d;
+        dst[j + QK5_0 / 2] = (hi - kBias) * d;
+      }
     }
   }
 }
 
 // 8 sub-blocks of 32 per super-block, in pairs sharing 32 bytes of qs: the pair's first
-// sub-block is the low nibbles, the second the high nibbles. value = (d*sc) * q - dmin*m.
-void dequant_q4_K_ref(const void* src, float* dst, int64_t n) {
-  const auto* b = static_cast<const block_q4_K*>(src);
+// sub-block is the low nibbles, the second the high nibbles; Q5_K adds a fifth bit, bit j of
+// qh[l] for element l of sub-block j. value = (d*sc) * q - dmin*m.
+template <class Block>
+void dequant_q45_K_ref(const void* src, float* dst, int64_t n) {
+  constexpr bool kFive = sizeof(Block) == sizeof(block_q5_K);
+  const auto* b = static_cast<const Block*>(src);
   for (int64_t ib = 0; ib < n / QK_K; ++ib) {
     const float d = fp16_to_f32(b[ib].d);
     const float dmin = fp16_to_f32(b[ib].dmin);
@@ -91,8 +105,14 @@ void dequant_q4_K_ref(const void* src, float* dst, int64_t n) {
       const float d1 = d * sc, m1 = dmin * mn;
       kquant_scale_min(b[ib].scales, j + 1, &sc, &mn);
       const float d2 = d * sc, m2 = dmin * mn;
-      for (int l = 0; l < 32; ++l) dst[l] = d1 * (q[l] & 0x0f) - m1;
-      for (int l = 0; l < 32; ++l) dst[l + 32] = d2 * (q[l] >> 4) - m2;
+      int h1[32] = {}, h2[32] = {};  // fifth bits, as 16
+      if constexpr (kFive)
+        for (int l = 0; l < 32; ++l) {
+          h1[l] = ((b[ib].qh[l] >> j) & 1) << 4;
+          h2[l] = ((b[ib].qh[l] >> (j + 1)) & 1) << 4;
+        }
+      for (int l = 0; l < 32; ++l) dst[l] = d1 * ((q[l] & 0x0f) | h1[l]) - m1;
+      for (int l = 0; l < 32; ++l) dst[l + 32] = d2 * ((q[l] >> 4) | h2[l]) - m2;
     }
   }
 }
@@ -134,8 +154,10 @@ void fill_dequant_scalar(KernelSet& t) {
   t.dequant_row[GGML_Q8_0] = dequant_q8_0_ref;
   t.dequant_row[GGML_Q4_0] = dequant_q4_0_ref;
   t.dequant_row[GGML_Q4_1] = dequant_q4_1_ref;
-  t.dequant_row[GGML_Q5_0] = dequant_q5_0_ref;
-  t.dequant_row[GGML_Q4_K] = dequant_q4_K_ref;
+  t.dequant_row[GGML_Q5_0] = dequant_q5_ref<block_q5_0>;
+  t.dequant_row[GGML_Q5_1] = dequant_q5_ref<block_q5_1>;
+  t.dequant_row[GGML_Q4_K] = dequant_q45_K_ref<block_q4_K>;
+  t.dequant_row[GGML_Q5_K] = dequant_q45_K_ref<block_q5_K>;
   t.dequant_row[GGML_Q6_K] = dequant_q6_K_ref;
 }
 

@@ -78,7 +78,7 @@ void quantize_act_avx2(const float* x, block_q8a* dst, int64_t k) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[ib].qs), ordered);
     int h = 0;
     if (split) dst[ib].qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
-    act_finish(dst[ib], amax, hsum8_epi32(s), h, jo);
+    act_finish(dst[ib], amax, hsum8_epi32(s), hsum8_epi32(_mm256_add_epi32(q[0], q[1])), h, jo);
   }
 }
 
@@ -222,22 +222,34 @@ PYINFER_INLINE __m256i act4(const block_q8a* xb, int c) {
 // pairs within 32512, widened per column.
 // Adds 128 * h * q_w[jo] for a split block (q8_act.h) to 8 rows' sums: one more dot step on
 // jo's quant column with h in jo's byte only (|q| * sign-carrying h for Q8_0, as above).
+// Fifth bits of quant column g of Q5_0 and Q5_1 (bit g of each byte of the transposed word,
+// packed16.h) as 16. Shifts of 16-bit lanes: the mask keeps each byte's own bit.
+PYINFER_INLINE __m256i fifth_bits(__m256i v, int g) {
+  const __m256i b = g <= 4 ? _mm256_slli_epi16(v, 4 - g) : _mm256_srli_epi16(v, g - 4);
+  return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+// Quant column g (elements 4g..4g+3; Q8_0: bytes 4g..4g+3) of rows 8h..8h+7 of a 32-element
+// group-block: Q8_0 signed (q + 128 undone), the 4- and 5-bit types' unsigned quants.
+PYINFER_INLINE __m256i q_column8(int type, const uint8_t* gb, int h, int g) {
+  const int qo = packed_quants_offset(type);
+  const auto load = [&](int o) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + o + 32 * h)); };
+  if (type_traits(type).qs_signed)
+    return _mm256_xor_si256(load(qo + 64 * g), _mm256_set1_epi8(static_cast<char>(0x80)));
+  const __m256i v = load(qo + 64 * (g % 4));  // high nibbles: elements 16..31
+  __m256i q = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f));
+  if (type_traits(type).quant_bits == 5) q = _mm256_or_si256(q, fifth_bits(load(packed_qh_offset(type)), g));
+  return q;
+}
+
+// Adds 128 * h * q_w[jo] for a split block (q8_act.h) to 8 rows' sums: one more dot step on
+// jo's quant column with h in jo's byte only (|q| * sign-carrying h for Q8_0, as above).
 PYINFER_INLINE __m256i add_split8(int type, __m256i isum, const uint8_t* gb, int half, const block_q8a* xb) {
   if (xb->h4 == 0) return isum;
-  const int jo = xb->jo;
-  const int qo = packed_quants_offset(type);
   const __m256i hb = _mm256_set1_epi32(xb->h4);
-  __m256i p;
-  if (type_traits(type).qs_signed) {
-    const __m256i st = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * (jo / 4) + 32 * half));
-    const __m256i q = _mm256_xor_si256(st, _mm256_set1_epi8(static_cast<char>(0x80)));
-    p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(hb, q));
-  } else {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * ((jo % 16) / 4) + 32 * half));
-    const __m256i nib =
-        _mm256_and_si256(_mm256_srl_epi16(v, _mm_cvtsi32_si128(jo >= 16 ? 4 : 0)), _mm256_set1_epi8(0x0f));
-    p = _mm256_maddubs_epi16(nib, hb);
-  }
+  const __m256i q = q_column8(type, gb, half, xb->jo / 4);
+  const __m256i p = type_traits(type).qs_signed ? _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(hb, q))
+                                                : _mm256_maddubs_epi16(q, hb);
   return _mm256_add_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), 7));
 }
 
@@ -254,14 +266,25 @@ PYINFER_INLINE __m256i packed_dot8(int type, const uint8_t* gb, int h, const blo
     }
     return add_split8(type, isum, gb, h, xb);
   }
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
-  __m256i s16 = _mm256_setzero_si256();
-  for (int c = 0; c < 4; ++c) {
-    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * c + 32 * h));
-    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), act4(xb, c)));
-    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), act4(xb, c + 4)));
+  __m256i isum;
+  if (type_traits(type).quant_bits == 5) {
+    // Pairs of 5-bit quants by int8 reach 2 * 31 * 127 = 7874: four columns add in int16.
+    __m256i lo = _mm256_setzero_si256(), hi = lo;
+    for (int c = 0; c < 4; ++c) {
+      lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(q_column8(type, gb, h, c), act4(xb, c)));
+      hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(q_column8(type, gb, h, c + 4), act4(xb, c + 4)));
+    }
+    isum = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
+  } else {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256i s16 = _mm256_setzero_si256();
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * c + 32 * h));
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), act4(xb, c)));
+      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), act4(xb, c + 4)));
+    }
+    isum = _mm256_madd_epi16(s16, ones);
   }
-  __m256i isum = _mm256_madd_epi16(s16, ones);
   if (type_traits(type).q_bias != 0)
     isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-type_traits(type).q_bias * xb->sum));
   return add_split8(type, isum, gb, h, xb);
@@ -298,6 +321,135 @@ PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const bl
   }
 }
 
+// ---- K-quants in the 16-row layout ------------------------------------------------------------
+// As on AVX-512 (matmul_avx512.cpp), each 32-block of a super-block meets its activation block
+// with the scalar spec's float arithmetic per row, on half h of the group (8 rows) at a time.
+
+// Lane-wise 6-bit scale (mins: second = true) of sub-block s from Q4_K's three packed scale
+// columns (see matmul_avx512.cpp's k4_scale).
+PYINFER_INLINE __m256i k4_scale(__m256i c0, __m256i c1, __m256i c2, int s, bool second) {
+  const __m256i base = second ? c1 : c0;
+  if (s < 4) return _mm256_and_si256(_mm256_srli_epi32(base, 8 * s), _mm256_set1_epi32(63));
+  const int b = 8 * (s - 4);
+  const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(c2, b + (second ? 4 : 0)), _mm256_set1_epi32(15));
+  const __m256i hi = _mm256_slli_epi32(_mm256_srli_epi32(base, b + 6), 4);
+  return _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi32(0x30)));
+}
+
+// Quant column c of 32-block s, rows 8h..8h+7, as unsigned bytes (Q4_K: the nibble, Q5_K: the
+// 5-bit quant, Q6_K: the 6-bit quant with its offset of 32).
+PYINFER_INLINE __m256i k_column(int type, const uint8_t* gb, int h, int s, int c) {
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const auto load = [&](int o) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + o + 32 * h)); };
+  if (type != GGML_Q6_K) {
+    const __m256i v = load(packed_field(type, 3) + 64 * (8 * (s / 2) + c));
+    const __m256i q = _mm256_and_si256(s % 2 == 0 ? v : _mm256_srli_epi16(v, 4), m4);
+    if (type == GGML_Q4_K) return q;
+    return _mm256_or_si256(q, fifth_bits(load(packed_field(GGML_Q5_K, 4) + 64 * c), s));  // Q5_K: bit s
+  }
+  const int hf = s / 4, k = s % 4;
+  const __m256i l = load(packed_field(GGML_Q6_K, 2) + 64 * (16 * hf + 8 * (k & 1) + c));
+  const __m256i q = load(packed_field(GGML_Q6_K, 3) + 64 * (8 * hf + c));
+  const __m256i lo = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+  const __m256i hs = k == 0   ? _mm256_slli_epi16(q, 4)
+                     : k == 1 ? _mm256_slli_epi16(q, 2)
+                     : k == 2 ? q
+                              : _mm256_srli_epi16(q, 2);
+  return _mm256_or_si256(lo, _mm256_and_si256(hs, _mm256_set1_epi8(0x30)));
+}
+
+// Q6_K's int8 scale number t of rows 8h..8h+7, sign-extended.
+PYINFER_INLINE __m256i k6_scale(const uint8_t* gb, int h, int t) {
+  const __m256i v =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + packed_field(GGML_Q6_K, 1) + 64 * (t / 4) + 32 * h));
+  return _mm256_srai_epi32(_mm256_slli_epi32(v, 24 - 8 * (t % 4)), 24);
+}
+
+// Exact int32 sums of 4 columns (16 elements) of unsigned quants by activation bytes: maddubs
+// pairs are at most 2 * 63 * 127 = 16002, so two columns add in int16 before widening.
+PYINFER_INLINE __m256i dot4(const __m256i* wq, const block_q8a* xb, int c0) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i a =
+      _mm256_add_epi16(_mm256_maddubs_epi16(wq[0], act4(xb, c0)), _mm256_maddubs_epi16(wq[1], act4(xb, c0 + 1)));
+  const __m256i b =
+      _mm256_add_epi16(_mm256_maddubs_epi16(wq[2], act4(xb, c0 + 2)), _mm256_maddubs_epi16(wq[3], act4(xb, c0 + 3)));
+  return _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
+}
+
+// 16 rows of K-quant W against MT activation rows.
+PYINFER_INLINE void packed_tile_k(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb, float* y,
+                                  int64_t ldy, int n_valid) {
+  const int gbb = kPackRows * packed_block_bytes(type);
+  __m256 acc[2][2], acc_min[2][2];  // [MT][half]
+  for (int c = 0; c < MT; ++c)
+    for (int h = 0; h < 2; ++h) acc[c][h] = acc_min[c][h] = _mm256_setzero_ps();
+  for (int64_t ib = 0; ib < nb; ib += 8) {
+    const uint8_t* gb = group + ib / 8 * gbb;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
+      __m256 dmin = _mm256_setzero_ps();
+      __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0;
+      if (type != GGML_Q6_K) {
+        dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
+        const uint8_t* sc = gb + packed_field(type, 2) + 32 * h;
+        c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
+        c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64));
+        c2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 128));
+      }
+      for (int s = 0; s < 8; ++s) {
+        __m256i wq[8];
+        for (int c = 0; c < 8; ++c) wq[c] = k_column(type, gb, h, s, c);
+        __m256 ds = d, mn = dmin;
+        if (type != GGML_Q6_K) {
+          ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, false)));
+          mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)));
+        }
+        for (int c = 0; c < MT; ++c) {
+          const block_q8a* xb = x + c * nb + ib + s;
+          __m256i lo = dot4(wq, xb, 0), hi = dot4(wq + 4, xb, 4);
+          if (xb->h4 != 0) {  // 128 * h * q_w[jo], into jo's half
+            const __m256i p =
+                _mm256_madd_epi16(_mm256_maddubs_epi16(k_column(type, gb, h, s, xb->jo / 4), _mm256_set1_epi32(xb->h4)),
+                                  _mm256_set1_epi16(1));
+            if (xb->jo < 16)
+              lo = _mm256_add_epi32(lo, _mm256_slli_epi32(p, 7));
+            else
+              hi = _mm256_add_epi32(hi, _mm256_slli_epi32(p, 7));
+          }
+          __m256i isum;
+          if (type != GGML_Q6_K) {
+            isum = _mm256_add_epi32(lo, hi);
+          } else {  // each sub-block less 32 times its activations' sum, times its scale
+            lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * xb->sum_lo));
+            hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * (xb->sum - xb->sum_lo)));
+            isum = _mm256_add_epi32(_mm256_mullo_epi32(lo, k6_scale(gb, h, 2 * s)),
+                                    _mm256_mullo_epi32(hi, k6_scale(gb, h, 2 * s + 1)));
+          }
+          const __m256 f = _mm256_mul_ps(ds, _mm256_set1_ps(xb->d));
+          acc[c][h] = _mm256_add_ps(acc[c][h], _mm256_mul_ps(f, _mm256_cvtepi32_ps(isum)));
+          if (type != GGML_Q6_K)
+            acc_min[c][h] = _mm256_sub_ps(acc_min[c][h], _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum)));
+        }
+      }
+    }
+  }
+  for (int c = 0; c < MT; ++c) {
+    float out[16];
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(out + 8 * h, type != GGML_Q6_K ? _mm256_add_ps(acc[c][h], acc_min[c][h]) : acc[c][h]);
+    for (int r = 0; r < n_valid; ++r) y[c * ldy + r] = out[r];
+  }
+}
+
+// One group's tile: the 32-block types' or the K-quants'.
+PYINFER_INLINE void tile(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
+                         int n_valid) {
+  if (type_traits(type).block_elems == QK_K)
+    packed_tile_k(type, MT, group, x, nb, y, ldy, n_valid);
+  else
+    packed_tile(type, MT, group, x, nb, y, ldy, n_valid);
+}
+
 PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
                                 int64_t n_rows, float* y, int64_t ldy) {
   const int64_t nb = K / QK8_A;
@@ -306,8 +458,8 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
     const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
     const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
     int64_t m = 0;
-    for (; m + 2 <= M; m += 2) packed_tile(type, 2, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
-    for (; m < M; ++m) packed_tile(type, 1, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
+    for (; m + 2 <= M; m += 2) tile(type, 2, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
+    for (; m < M; ++m) tile(type, 1, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
   }
 }
 
@@ -330,6 +482,11 @@ void fill_matmul_avx2(KernelSet& t) {
   t.matmul_fast_packed[GGML_Q8_0] = matmul_fast_packed_avx2<GGML_Q8_0>;
   t.matmul_fast_packed[GGML_Q4_0] = matmul_fast_packed_avx2<GGML_Q4_0>;
   t.matmul_fast_packed[GGML_Q4_1] = matmul_fast_packed_avx2<GGML_Q4_1>;
+  t.matmul_fast_packed[GGML_Q5_0] = matmul_fast_packed_avx2<GGML_Q5_0>;
+  t.matmul_fast_packed[GGML_Q5_1] = matmul_fast_packed_avx2<GGML_Q5_1>;
+  t.matmul_fast_packed[GGML_Q4_K] = matmul_fast_packed_avx2<GGML_Q4_K>;
+  t.matmul_fast_packed[GGML_Q5_K] = matmul_fast_packed_avx2<GGML_Q5_K>;
+  t.matmul_fast_packed[GGML_Q6_K] = matmul_fast_packed_avx2<GGML_Q6_K>;
 }
 
 }  // namespace pyinfer

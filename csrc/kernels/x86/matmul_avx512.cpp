@@ -58,7 +58,8 @@ void quantize_act_avx512(const float* x, block_q8a* dst, int64_t k) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[ib].qs + 16), _mm512_cvtepi32_epi8(q1));
     int h = 0;
     if (split) dst[ib].qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
-    act_finish(dst[ib], amax, _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1)), h, jo);
+    const int32_t sum_lo = _mm512_reduce_add_epi32(q0);
+    act_finish(dst[ib], amax, sum_lo + _mm512_reduce_add_epi32(q1), sum_lo, h, jo);
   }
 }
 
@@ -166,16 +167,32 @@ PYINFER_INLINE __m512i act4(const block_q8a* xb, int c) {
   return _mm512_set1_epi32(v);
 }
 
+// Fifth bits of quant column g of Q5_0 and Q5_1 (bit g of each byte of the transposed word,
+// packed16.h) as 16, from the 16 rows' word v. Shifts of 16-bit lanes: the mask keeps each
+// byte's own bit.
+PYINFER_INLINE __m512i fifth_bits(__m512i v, int g) {
+  const __m512i b = g <= 4 ? _mm512_slli_epi16(v, 4 - g) : _mm512_srli_epi16(v, g - 4);
+  return _mm512_and_si512(b, _mm512_set1_epi8(0x10));
+}
+
+// Unsigned quant column g of a 32-element group-block, as the dot product steps take it:
+// Q8_0's bytes 4g..4g+3 (q + 128), the 4- and 5-bit types' elements 4g..4g+3.
+PYINFER_INLINE __m512i q_column(int type, const uint8_t* gb, int g) {
+  const int qo = packed_quants_offset(type);
+  if (type_traits(type).qs_signed) return _mm512_loadu_si512(gb + qo + 64 * g);
+  const __m512i v = _mm512_loadu_si512(gb + qo + 64 * (g % 4));  // high nibbles: elements 16..31
+  __m512i q = _mm512_and_si512(g < 4 ? v : _mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f));
+  if (type_traits(type).quant_bits == 5)
+    q = _mm512_or_si512(q, fifth_bits(_mm512_loadu_si512(gb + packed_qh_offset(type)), g));
+  return q;
+}
+
 // 128 * h * q_w[jo] of a split activation block (q8_act.h) for the 16 rows: one more dot step
-// on jo's quant column, with h in jo's byte only. Q8_0's stored q + 128 comes off with the
-// rest through the block sum, which counts a_jo whole.
+// on jo's quant column, with h in jo's byte only. The stored offsets (Q8_0's 128, Q4_0's 8,
+// Q5_0's 16) come off with the rest through the block sum, which counts a_jo whole.
 PYINFER_INLINE __m512i split_dot(int type, const uint8_t* gb, const block_q8a* xb) {
-  const int jo = xb->jo;
-  __m512i col =
-      _mm512_loadu_si512(gb + packed_quants_offset(type) + 64 * (type_traits(type).qs_signed ? jo / 4 : jo % 16 / 4));
-  if (!type_traits(type).qs_signed)  // the high nibbles hold elements 16..31
-    col = _mm512_and_si512(_mm512_srl_epi16(col, _mm_cvtsi32_si128(jo >= 16 ? 4 : 0)), _mm512_set1_epi8(0x0f));
-  return _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), col, _mm512_set1_epi32(xb->h4)), 7);
+  return _mm512_slli_epi32(
+      _mm512_dpbusd_epi32(_mm512_setzero_si512(), q_column(type, gb, xb->jo / 4), _mm512_set1_epi32(xb->h4)), 7);
 }
 
 // 16 rows of W (one group, n_valid of them real) against MT activation rows; pf, if set, is
@@ -201,6 +218,10 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
         const __m512i v = _mm512_loadu_si512(gb + qo + 64 * c);
         wq[c] = _mm512_and_si512(v, m4);                            // elements 4c..4c+3
         wq[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);  // elements 16+4c..
+      }
+      if (type_traits(type).quant_bits == 5) {
+        const __m512i h = _mm512_loadu_si512(gb + packed_qh_offset(type));
+        for (int c = 0; c < 8; ++c) wq[c] = _mm512_or_si512(wq[c], fifth_bits(h, c));
       }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
@@ -249,6 +270,139 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
     _mm512_mask_storeu_ps(y + c * ldy, k, type_traits(type).has_min ? _mm512_add_ps(acc[c], acc_min[c]) : acc[c]);
 }
 
+// ---- fast mode on 16-row interleaved K-quants (packed16.h) -----------------------------------
+// A super-block of 256 is eight 32-blocks, one activation block each; per 32-block and row
+// the float arithmetic is matmul_ref.cpp's (acc += (d * d_x) * float(isum), Q4_K's and Q5_K's
+// min term acc_min += -(dmin * mn) * (d_x * sum_x), taken as a subtraction), so results match the
+// scalar spec bit for bit. Integer sums are exact in any order.
+
+// Lane-wise 6-bit scale (mins: second = true) of sub-block s of Q4_K's (and Q5_K's) packed
+// 12-byte field,
+// whose three 4-byte columns are c0 (scales 0..3, top bits of 4..7), c1 (mins 0..3, top bits of
+// 4..7), c2 (low 4 bits of scales 4..7 and, in the high nibbles, of mins 4..7).
+PYINFER_INLINE __m512i k4_scale(__m512i c0, __m512i c1, __m512i c2, int s, bool second) {
+  const __m512i six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(15);
+  const __m512i base = second ? c1 : c0;
+  if (s < 4) return _mm512_and_si512(_mm512_srli_epi32(base, 8 * s), six);
+  const int b = 8 * (s - 4);
+  const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(c2, b + (second ? 4 : 0)), four);
+  const __m512i hi = _mm512_slli_epi32(_mm512_srli_epi32(base, b + 6), 4);  // 2 bits: byte's top
+  return _mm512_or_si512(lo, _mm512_and_si512(hi, _mm512_set1_epi32(0x30)));
+}
+
+// Quant column c (elements 4c..4c+3, 16 rows) of 32-block s of a packed super-block, as
+// unsigned bytes: Q4_K the nibble, Q5_K the 5-bit quant, Q6_K the 6-bit quant (offset 32
+// still in).
+PYINFER_INLINE __m512i k_column(int type, const uint8_t* gb, int s, int c) {
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  if (type != GGML_Q6_K) {
+    const __m512i v = _mm512_loadu_si512(gb + packed_field(type, 3) + 64 * (8 * (s / 2) + c));
+    const __m512i q = _mm512_and_si512(s % 2 == 0 ? v : _mm512_srli_epi16(v, 4), m4);
+    if (type == GGML_Q4_K) return q;
+    // Q5_K: bit s of each qh byte is the fifth bit of its element of sub-block s.
+    return _mm512_or_si512(q, fifth_bits(_mm512_loadu_si512(gb + packed_field(GGML_Q5_K, 4) + 64 * c), s));
+  }
+  const int hf = s / 4, k = s % 4;
+  const __m512i l = _mm512_loadu_si512(gb + packed_field(GGML_Q6_K, 2) + 64 * (16 * hf + 8 * (k & 1) + c));
+  const __m512i h = _mm512_loadu_si512(gb + packed_field(GGML_Q6_K, 3) + 64 * (8 * hf + c));
+  const __m512i lo = _mm512_and_si512(k < 2 ? l : _mm512_srli_epi16(l, 4), m4);
+  // Bits 2k..2k+1 of each qh byte to bits 4..5 (shifts of 16-bit lanes: the mask keeps each
+  // byte's own bits).
+  const __m512i hs = k == 0   ? _mm512_slli_epi16(h, 4)
+                     : k == 1 ? _mm512_slli_epi16(h, 2)
+                     : k == 2 ? h
+                              : _mm512_srli_epi16(h, 2);
+  return _mm512_or_si512(lo, _mm512_and_si512(hs, _mm512_set1_epi8(0x30)));
+}
+
+// Q6_K's int8 scale number t (0..15) of the 16 rows, sign-extended to int32 lanes.
+PYINFER_INLINE __m512i k6_scale(const uint8_t* gb, int t) {
+  const __m512i v = _mm512_loadu_si512(gb + packed_field(GGML_Q6_K, 1) + 64 * (t / 4));
+  return _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * (t % 4)), 24);
+}
+
+// 16 rows of K-quant W against MT activation rows (see packed_tile).
+template <int MT>
+PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
+                                  int n_valid, const uint8_t* pf) {
+  const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
+  __m512 acc[4], acc_min[4];
+  for (int c = 0; c < MT; ++c) acc[c] = acc_min[c] = _mm512_setzero_ps();
+  for (int64_t ib = 0; ib < nb; ib += 8) {
+    const uint8_t* gb = group + ib / 8 * gbb;
+    if (pf != nullptr)
+      for (int o = 0; o < gbb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + ib / 8 * gbb + o), _MM_HINT_T1);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+    __m512 dmin = _mm512_setzero_ps();
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0;
+    if (type != GGML_Q6_K) {
+      dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kPackedMins)));
+      c0 = _mm512_loadu_si512(gb + packed_field(type, 2));
+      c1 = _mm512_loadu_si512(gb + packed_field(type, 2) + 64);
+      c2 = _mm512_loadu_si512(gb + packed_field(type, 2) + 128);
+    }
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      __m512i wq[8];
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) wq[c] = k_column(type, gb, s, c);
+      __m512 ds = d, mn = dmin;
+      __m512i sc_lo = _mm512_setzero_si512(), sc_hi = sc_lo;
+      if (type != GGML_Q6_K) {
+        ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(k4_scale(c0, c1, c2, s, false)));
+        mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)));
+      } else {
+        sc_lo = k6_scale(gb, 2 * s);
+        sc_hi = k6_scale(gb, 2 * s + 1);
+      }
+#pragma GCC unroll 4
+      for (int c = 0; c < MT; ++c) {
+        const block_q8a* xb = x + c * nb + ib + s;
+        // Two chains, elements 0..15 and 16..31: Q6_K's two sub-blocks, each starting at
+        // -32 times its activations' sum.
+        __m512i lo = _mm512_setzero_si512(), hi = lo;
+        if (type == GGML_Q6_K) {
+          lo = _mm512_set1_epi32(-32 * xb->sum_lo);
+          hi = _mm512_set1_epi32(-32 * (xb->sum - xb->sum_lo));
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g) {
+          lo = _mm512_dpbusd_epi32(lo, wq[g], act4(xb, g));
+          hi = _mm512_dpbusd_epi32(hi, wq[g + 4], act4(xb, g + 4));
+        }
+        if (xb->h4 != 0) {  // 128 * h * q_w[jo], into jo's half
+          const __m512i sp = _mm512_slli_epi32(
+              _mm512_dpbusd_epi32(_mm512_setzero_si512(), k_column(type, gb, s, xb->jo / 4), _mm512_set1_epi32(xb->h4)),
+              7);
+          if (xb->jo < 16)
+            lo = _mm512_add_epi32(lo, sp);
+          else
+            hi = _mm512_add_epi32(hi, sp);
+        }
+        const __m512i isum = type != GGML_Q6_K
+                                 ? _mm512_add_epi32(lo, hi)
+                                 : _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo), _mm512_mullo_epi32(hi, sc_hi));
+        const __m512 f = _mm512_mul_ps(ds, _mm512_set1_ps(xb->d));
+        acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum)));
+        if (type != GGML_Q6_K) acc_min[c] = _mm512_sub_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->dsum)));
+      }
+    }
+  }
+  const __mmask16 k = static_cast<__mmask16>((1u << n_valid) - 1);
+  for (int c = 0; c < MT; ++c)
+    _mm512_mask_storeu_ps(y + c * ldy, k, type != GGML_Q6_K ? _mm512_add_ps(acc[c], acc_min[c]) : acc[c]);
+}
+
+// One group's tile of MT activation rows: the 32-block types' or the K-quants'.
+template <int MT>
+PYINFER_INLINE void tile(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
+                         int n_valid, const uint8_t* pf) {
+  if (type_traits(type).block_elems == QK_K)
+    packed_tile_k<MT>(type, group, x, nb, y, ldy, n_valid, pf);
+  else
+    packed_tile<MT>(type, group, x, nb, y, ldy, n_valid, pf);
+}
+
 PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
                                 int64_t n_rows, float* y, int64_t ldy) {
   const int64_t nb = K / QK8_A;
@@ -263,14 +417,13 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
     // and there the hardware prefetcher alone does better).
     const uint8_t* pf = n + kPackRows < n_rows && M >= 2 ? group + group_bytes : nullptr;
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4, pf = nullptr)
-      packed_tile<4>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
+    for (; m + 4 <= M; m += 4, pf = nullptr) tile<4>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
     // The last one to three rows in one tile.
     const block_q8a* xr = xq + m * nb;
     float* yr = y + m * ldy + n;
-    if (M - m == 3) packed_tile<3>(type, group, xr, nb, yr, ldy, valid, pf);
-    if (M - m == 2) packed_tile<2>(type, group, xr, nb, yr, ldy, valid, pf);
-    if (M - m == 1) packed_tile<1>(type, group, xr, nb, yr, ldy, valid, pf);
+    if (M - m == 3) tile<3>(type, group, xr, nb, yr, ldy, valid, pf);
+    if (M - m == 2) tile<2>(type, group, xr, nb, yr, ldy, valid, pf);
+    if (M - m == 1) tile<1>(type, group, xr, nb, yr, ldy, valid, pf);
   }
 }
 
@@ -293,6 +446,11 @@ void fill_matmul_avx512(KernelSet& t) {
   t.matmul_fast_packed[GGML_Q8_0] = matmul_fast_packed_avx512<GGML_Q8_0>;
   t.matmul_fast_packed[GGML_Q4_0] = matmul_fast_packed_avx512<GGML_Q4_0>;
   t.matmul_fast_packed[GGML_Q4_1] = matmul_fast_packed_avx512<GGML_Q4_1>;
+  t.matmul_fast_packed[GGML_Q5_0] = matmul_fast_packed_avx512<GGML_Q5_0>;
+  t.matmul_fast_packed[GGML_Q5_1] = matmul_fast_packed_avx512<GGML_Q5_1>;
+  t.matmul_fast_packed[GGML_Q4_K] = matmul_fast_packed_avx512<GGML_Q4_K>;
+  t.matmul_fast_packed[GGML_Q5_K] = matmul_fast_packed_avx512<GGML_Q5_K>;
+  t.matmul_fast_packed[GGML_Q6_K] = matmul_fast_packed_avx512<GGML_Q6_K>;
 }
 
 }  // namespace pyinfer
