@@ -4,7 +4,10 @@ small random-weight files against the NumPy reference forward."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import _reference as ref
@@ -353,3 +356,32 @@ def test_missing_or_unknown_tensors_are_refused(tmp_path: Path):
     shapes["blk.0.attn_rot_embd"] = (128,)
     with pytest.raises(UnsupportedModelError, match=r"tensor blk\.0\.attn_rot_embd is not used by the gemma3"):
         ARCHITECTURES["gemma3"].describe(r.metadata, shapes)
+
+
+# ---- the command line ----------------------------------------------------------------------------------
+
+
+def _pyinfer(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pyinfer", *args], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300, check=False)
+
+
+def test_cli_runs_a_chat_turn_and_describes_the_file(gemma3_model: Path, tmp_path: Path):
+    chat = next(c for c in CASES if c["kind"] == "chat")
+    user = chat["prompt"].removeprefix("<start_of_turn>user\n").split("<end_of_turn>")[0]
+    r = _pyinfer(tmp_path, "run", user, "--model", "gemma3-270m", "--json", "--temperature", "0", "-n", "3")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    # Gemma's turns rendered by the built-in template: llama.cpp's prompt, and its first token.
+    assert out["timings"]["prompt_tokens"] == len(chat["prompt_ids"])
+    assert out["token_ids"][0] == chat["greedy_ids"][0]
+    r = _pyinfer(tmp_path, "info", "gemma3-270m", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["architecture"] == "gemma3" and info["unsupported"] is None
+    assert info["tokenizer_model"] == "llama" and info["has_chat_template"] and info["builtin_chat_template"]
+    assert info["tensor_types"] == {"F32": 109, "Q5_0": 81, "Q4_K": 27, "Q8_0": 10, "Q6_K": 9}
+    # The reference README's figure for this file: 246.6 MB of weights read per token.
+    assert round(info["weight_bytes_per_token"] / 1e6, 1) == 246.6
+    r = _pyinfer(tmp_path, "info", "gemma3-270m")
+    assert r.returncode == 0 and "built in: the file has none" in r.stdout, r.stderr
