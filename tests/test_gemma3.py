@@ -385,3 +385,20 @@ def test_cli_runs_a_chat_turn_and_describes_the_file(gemma3_model: Path, tmp_pat
     assert round(info["weight_bytes_per_token"] / 1e6, 1) == 246.6
     r = _pyinfer(tmp_path, "info", "gemma3-270m")
     assert r.returncode == 0 and "built in: the file has none" in r.stdout, r.stderr
+
+
+def test_tiny_batched_decode_equals_each_sequence_alone(tiny: Path):
+    # A batched step is each sequence's own step, bit for bit in fast mode (sliding window
+    # and all), whatever the other rows are.
+    model = Model.load(tiny, precision="fast", n_threads=2, n_ctx=64)
+    prompts = [PROMPT[:7], PROMPT[2:4], PROMPT[:9]]
+    ctxs = [model.context(n_ctx=32) for _ in prompts]
+    alone = [model.context(n_ctx=32) for _ in prompts]
+    for c, a, p in zip(ctxs, alone, prompts):
+        c.eval(p)
+        a.eval(p)
+    for step in range(3):
+        nxt = [11 + step, 90 + step, 3 * step]
+        batched = model.decode_batch(ctxs, nxt)
+        for b, (a, t) in enumerate(zip(alone, nxt)):
+            np.testing.assert_array_equal(batched[b], a.eval([t]))
