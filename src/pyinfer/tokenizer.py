@@ -246,7 +246,8 @@ class Tokenizer:
                 raise TypeError("tokenizer.ggml.merges must be a string array")
         else:
             # llama.cpp ignores tokenizer.ggml.pre for these vocabularies: the merge loop
-            # runs over whole fragments, with no pre-tokenizer.
+            # runs over whole fragments, with no pre-tokenizer. Only the BOS default of
+            # this entry is read (BOS is added unless the file says otherwise).
             pre = PreTokenizer(_bpe.SPLIT_GPT2, add_bos=True)
             merges = None
         self.pre_name: str = str(metadata.get("tokenizer.ggml.pre", "default"))
