@@ -1,4 +1,5 @@
-"""Shared fixtures: the default model (fetched into the cache if absent, never skipped)."""
+"""Shared fixtures: the default model and the Gemma 3 file (fetched into the cache if absent,
+never skipped)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,15 @@ def default_model() -> Path:
     from pyinfer.registry import resolve_model
 
     return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def gemma3_model() -> Path:
+    """The Gemma 3 270M Q4_K_M file (`pyinfer pull gemma3-270m`): a test that needs it fails
+    when it cannot be had."""
+    from pyinfer.registry import resolve_model
+
+    return resolve_model("gemma3-270m")
 
 
 @pytest.fixture(params=ISAS)

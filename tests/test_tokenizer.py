@@ -343,7 +343,9 @@ def test_unknown_pre_tokenizer_is_an_error(metadata: dict):
 
 
 def test_other_tokenizer_models_are_an_error(metadata: dict):
-    with pytest.raises(ValueError, match="'llama'"):
+    with pytest.raises(ValueError, match="'t5'"):
+        Tokenizer(dict(metadata, **{"tokenizer.ggml.model": "t5"}))
+    with pytest.raises(ValueError, match="tokenizer.ggml.scores"):  # SentencePiece-style needs its scores
         Tokenizer(dict(metadata, **{"tokenizer.ggml.model": "llama"}))
     with pytest.raises(ValueError, match="tokenizer.ggml.model"):
         Tokenizer({k: v for k, v in metadata.items() if k != "tokenizer.ggml.model"})

@@ -43,11 +43,7 @@ class LlamaModel final : public Model {
     if (!(rope_.base > 0) || !(rope_.freq_scale > 0) || !(rms_eps_ >= 0))
       throw std::invalid_argument("rope_base and rope_freq_scale must be > 0, rms_eps >= 0");
     const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
-    tok_embd_ = t.take("token_embd.weight");
-    if (embedding_row_bytes(tok_embd_.type, c.n_embd) < 0 || tok_embd_.data == nullptr || tok_embd_.rows != c.n_vocab ||
-        tok_embd_.cols != c.n_embd)
-      throw std::invalid_argument("token_embd.weight: expected [" + std::to_string(c.n_vocab) + ", " +
-                                  std::to_string(c.n_embd) + "] of a type with a dequantization kernel");
+    tok_embd_ = take_embedding(t, c);
     const WeightRef factors = t.take("rope_freqs.weight");
     if (factors.data != nullptr) {
       rope_.factors = check_vector(factors, "rope_freqs.weight", c.head_dim / 2);
@@ -57,54 +53,27 @@ class LlamaModel final : public Model {
     }
     for (int64_t il = 0; il < c.n_layer; ++il) {
       LlamaLayer L;
-      const auto weight = [&](const char* name, int64_t rows, int64_t cols) {
-        const std::string n = tensor_name(il, name);
-        const WeightRef w = t.take(n);
-        check_weight(w, n, rows, cols);
-        return w;
-      };
-      const auto vec = [&](const char* name) {
-        const std::string n = tensor_name(il, name);
-        return check_vector(t.take(n), n, c.n_embd);
-      };
-      L.attn_norm = vec("attn_norm.weight");
-      L.wq = weight("attn_q.weight", q_dim, c.n_embd);
-      L.wk = weight("attn_k.weight", kv_dim, c.n_embd);
-      L.wv = weight("attn_v.weight", kv_dim, c.n_embd);
-      L.wo = weight("attn_output.weight", c.n_embd, q_dim);
-      L.ffn_norm = vec("ffn_norm.weight");
-      L.gate = weight("ffn_gate.weight", c.n_ff, c.n_embd);
-      L.up = weight("ffn_up.weight", c.n_ff, c.n_embd);
-      L.down = weight("ffn_down.weight", c.n_embd, c.n_ff);
+      const LayerTensors lt{t, il};
+      L.attn_norm = lt.vec("attn_norm.weight", c.n_embd);
+      L.wq = lt.weight("attn_q.weight", q_dim, c.n_embd);
+      L.wk = lt.weight("attn_k.weight", kv_dim, c.n_embd);
+      L.wv = lt.weight("attn_v.weight", kv_dim, c.n_embd);
+      L.wo = lt.weight("attn_output.weight", c.n_embd, q_dim);
+      L.ffn_norm = lt.vec("ffn_norm.weight", c.n_embd);
+      L.gate = lt.weight("ffn_gate.weight", c.n_ff, c.n_embd);
+      L.up = lt.weight("ffn_up.weight", c.n_ff, c.n_embd);
+      L.down = lt.weight("ffn_down.weight", c.n_embd, c.n_ff);
       layers_.push_back(L);
     }
     output_norm_ = check_vector(t.take("output_norm.weight"), "output_norm.weight", c.n_embd);
-    output_ = t.take("output.weight");
-    if (output_.data == nullptr) output_ = tok_embd_;  // tied to the embedding
-    check_weight(output_, "output.weight", c.n_vocab, c.n_embd);
-    if (repack_weights) repack_all();
+    output_ = take_output(t, c, tok_embd_);
+    if (repack_weights) repack_layers(layers_, output_);
   }
 
   void forward(const std::vector<Segment>& segs, int64_t n_rows, Scratch& s, const int64_t* out_rows, int64_t n_out,
                float* logits, Precision precision, int n_threads, float* hidden) const override;
 
  private:
-  void repack_all() {
-    // Each layer's matrices in the order a forward pass reads them, fused groups back to
-    // back, then the output head.
-    std::vector<RepackItem> items;
-    for (LlamaLayer& L : layers_) {
-      const bool f_qkv = fusable({&L.wq, &L.wk, &L.wv});
-      for (WeightRef* w : {&L.wq, &L.wk, &L.wv}) items.push_back({w, f_qkv ? &L.qkv : nullptr});
-      items.push_back({&L.wo, nullptr});
-      const bool f_gu = fusable({&L.gate, &L.up});
-      for (WeightRef* w : {&L.gate, &L.up}) items.push_back({w, f_gu ? &L.gate_up : nullptr});
-      items.push_back({&L.down, nullptr});
-    }
-    items.push_back({&output_, nullptr});
-    repack(items);
-  }
-
   float rms_eps_ = 1e-5f;
   RopeFreqs rope_;
   WeightRef tok_embd_;  // [n_vocab][n_embd]
@@ -197,16 +166,7 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
 }
 
 std::shared_ptr<const Model> make_llama(const Params& p, TensorMap& t, bool repack) {
-  ModelDims d;
-  d.n_layer = p.get_int("n_layer");
-  d.n_embd = p.get_int("n_embd");
-  d.n_head = p.get_int("n_head");
-  d.n_head_kv = p.get_int("n_head_kv");
-  d.head_dim = p.get_int("head_dim");
-  d.n_ff = p.get_int("n_ff");
-  d.n_vocab = p.get_int("n_vocab");
-  d.check();
-  return std::make_shared<LlamaModel>(d, p, t, repack);
+  return std::make_shared<LlamaModel>(ModelDims::from(p), p, t, repack);
 }
 
 const bool registered = register_architecture("llama", &make_llama);

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "kernels/packed16.h"
+#include "ops/ops.h"
 
 namespace pyinfer {
 
@@ -57,6 +58,19 @@ void ModelDims::check() const {
     throw std::invalid_argument("head_dim must be even and at most " + std::to_string(kRopeMaxDim));
 }
 
+ModelDims ModelDims::from(const Params& p) {
+  ModelDims d;
+  d.n_layer = p.get_int("n_layer");
+  d.n_embd = p.get_int("n_embd");
+  d.n_head = p.get_int("n_head");
+  d.n_head_kv = p.get_int("n_head_kv");
+  d.head_dim = p.get_int("head_dim");
+  d.n_ff = p.get_int("n_ff");
+  d.n_vocab = p.get_int("n_vocab");
+  d.check();
+  return d;
+}
+
 std::string tensor_name(int64_t layer, const char* name) {
   return layer >= 0 ? "blk." + std::to_string(layer) + "." + name : std::string(name);
 }
@@ -82,6 +96,33 @@ const float* check_vector(const WeightRef& w, const std::string& name, int64_t n
   if (w.type != GGML_F32 || w.rows * w.cols != n)
     throw std::invalid_argument(name + ": expected " + std::to_string(n) + " float32 values");
   return static_cast<const float*>(w.data);
+}
+
+WeightRef LayerTensors::weight(const char* name, int64_t rows, int64_t cols) const {
+  const std::string n = tensor_name(layer, name);
+  const WeightRef w = map.take(n);
+  check_weight(w, n, rows, cols);
+  return w;
+}
+
+const float* LayerTensors::vec(const char* name, int64_t n) const {
+  const std::string s = tensor_name(layer, name);
+  return check_vector(map.take(s), s, n);
+}
+
+WeightRef take_embedding(TensorMap& t, const ModelDims& c) {
+  const WeightRef e = t.take("token_embd.weight");
+  if (embedding_row_bytes(e.type, c.n_embd) < 0 || e.data == nullptr || e.rows != c.n_vocab || e.cols != c.n_embd)
+    throw std::invalid_argument("token_embd.weight: expected [" + std::to_string(c.n_vocab) + ", " +
+                                std::to_string(c.n_embd) + "] of a type with a dequantization kernel");
+  return e;
+}
+
+WeightRef take_output(TensorMap& t, const ModelDims& c, const WeightRef& tok_embd) {
+  WeightRef out = t.take("output.weight");
+  if (out.data == nullptr) out = tok_embd;  // tied to the embedding
+  check_weight(out, "output.weight", c.n_vocab, c.n_embd);
+  return out;
 }
 
 Scratch::Scratch(const ModelDims& c, int64_t rows) : n_rows(rows) {
@@ -151,6 +192,26 @@ void Model::repack(const std::vector<RepackItem>& items) {
     p += n;
   }
   repacked_bytes_ = total;
+}
+
+Projected project(const WeightRef& fused, const std::vector<const WeightRef*>& parts, const float* xn, int64_t n_rows,
+                  float* buf, Precision precision, int n_threads) {
+  Projected p{};
+  const bool one = precision == Precision::fast && fused.packed != nullptr;
+  int64_t width = 0;
+  for (const WeightRef* w : parts) width += w->rows;
+  float* at = buf;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    p.part[i] = at;
+    p.stride[i] = one ? width : parts[i]->rows;
+    at += one ? parts[i]->rows : n_rows * parts[i]->rows;
+  }
+  if (one) {
+    Model::matmul(fused, xn, n_rows, buf, precision, n_threads);
+  } else {
+    for (size_t i = 0; i < parts.size(); ++i) Model::matmul(*parts[i], xn, n_rows, p.part[i], precision, n_threads);
+  }
+  return p;
 }
 
 // ---- the registry ----------------------------------------------------------------------------

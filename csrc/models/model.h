@@ -27,6 +27,10 @@ struct WeightRef {
   const void* packed = nullptr;  // the same matrix in the 16-row interleaved layout, if made
 };
 
+// Whether parts can share one packed matrix: one packable type and K, and every part but the
+// last a whole number of 16-row groups (so each part starts on a group of its own).
+bool fusable(const std::vector<const WeightRef*>& parts);
+
 // The tensors a model is built from, by GGUF name. An architecture takes the ones it reads;
 // any tensor left over is refused, so no tensor of a file is silently ignored.
 class TensorMap {
@@ -65,6 +69,8 @@ struct ModelDims {
   int64_t n_ff = 0;  // feed-forward width
   int64_t n_vocab = 0;
   void check() const;  // positive, n_head a multiple of n_head_kv, head_dim even and small enough
+  // From the parameters of the same names, checked.
+  static ModelDims from(const Params& p);
 };
 
 // `n` consecutive rows of a forward pass that belong to one sequence, at positions pos.. of
@@ -118,6 +124,23 @@ class Model {
   // order given (the order a forward pass reads them: a decode step streams it front to
   // back), setting `packed`; a fused group's reference gets the group's rows.
   void repack(const std::vector<RepackItem>& items);
+  // repack() for layers with the llama family's matrices (members wq, wk, wv, wo, gate, up,
+  // down, and the fused qkv and gate_up they may form), each layer's in the order a forward
+  // pass reads them, fused groups back to back, then the output head.
+  template <class Layer>
+  void repack_layers(std::vector<Layer>& layers, WeightRef& output) {
+    std::vector<RepackItem> items;
+    for (Layer& L : layers) {
+      const bool f_qkv = fusable({&L.wq, &L.wk, &L.wv});
+      for (WeightRef* w : {&L.wq, &L.wk, &L.wv}) items.push_back({w, f_qkv ? &L.qkv : nullptr});
+      items.push_back({&L.wo, nullptr});
+      const bool f_gu = fusable({&L.gate, &L.up});
+      for (WeightRef* w : {&L.gate, &L.up}) items.push_back({w, f_gu ? &L.gate_up : nullptr});
+      items.push_back({&L.down, nullptr});
+    }
+    items.push_back({&output, nullptr});
+    repack(items);
+  }
 
  private:
   ModelDims dims_;
@@ -127,10 +150,6 @@ class Model {
   std::unique_ptr<uint8_t, FreeDeleter> packed_arena_;
   size_t repacked_bytes_ = 0;
 };
-
-// Whether parts can share one packed matrix: one packable type and K, and every part but the
-// last a whole number of 16-row groups (so each part starts on a group of its own).
-bool fusable(const std::vector<const WeightRef*>& parts);
 
 // Builds an architecture's model; with repack, the quantized matrices that have a 16-row
 // interleaved layout are repacked once into an arena the model owns. Throws
@@ -225,6 +244,30 @@ void for_rows(int n_threads, int64_t n_rows, const F& f) {
   grain = grain < 8 ? 8 : grain > 32 ? 32 : grain;
   parallel_for(n_threads, n_rows, grain, [&](int64_t r0, int64_t r1, int) { f(r0, r1 - r0); });
 }
+
+// Where a projection's outputs are in its buffer: Q, K, V (or gate and up) rows, each with its
+// row stride.
+struct Projected {
+  float* part[3];
+  int64_t stride[3];
+};
+// y = xn @ W^T for each of parts (2 or 3 matrices of n_embd columns): one matmul through the
+// fused copy in fast mode when there is one (each row's parts side by side in buf), else one
+// per part (one block of n_rows rows after another in buf).
+Projected project(const WeightRef& fused, const std::vector<const WeightRef*>& parts, const float* xn, int64_t n_rows,
+                  float* buf, Precision precision, int n_threads);
+
+// Takes one layer's tensors ("blk.<layer>.<name>") from a map and checks them.
+struct LayerTensors {
+  TensorMap& map;
+  int64_t layer;
+  WeightRef weight(const char* name, int64_t rows, int64_t cols) const;  // as check_weight
+  const float* vec(const char* name, int64_t n) const;                   // as check_vector
+};
+// token_embd.weight, [n_vocab][n_embd] of a type with a dequantization kernel.
+WeightRef take_embedding(TensorMap& t, const ModelDims& d);
+// output.weight, or the embedding table when the file has none (tied), checked as a matrix.
+WeightRef take_output(TensorMap& t, const ModelDims& d, const WeightRef& tok_embd);
 
 // "blk.<layer>.<name>", or name alone for layer < 0.
 std::string tensor_name(int64_t layer, const char* name);

@@ -1,6 +1,7 @@
 // ops.cpp: portable drivers for the small ops (row loops, embedding lookup).
 #include "ops/ops.h"
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -27,6 +28,20 @@ void rope_rows(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, in
 }
 
 void swiglu_vec(const float* gate, const float* up, float* out, int64_t n) { kernels().swiglu_f32(gate, up, out, n); }
+
+void geglu_vec(const float* gate, const float* up, float* out, int64_t n) {
+  const float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
+  const float k1 = 0.044715f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = 0.5f * g * (1.0f + std::tanh(k0 * (g + k1 * g * g * g))) * up[i];
+  }
+}
+
+void softcap_vec(float* x, int64_t n, float cap) {
+  const float inv = 1.0f / cap;
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] * inv);
+}
 
 void add_vec(const float* a, const float* b, float* out, int64_t n) { kernels().add_f32(a, b, out, n); }
 

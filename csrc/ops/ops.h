@@ -26,6 +26,11 @@ void rope_rows(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, in
                bool neox);
 // out[n] = silu(gate) * up; out may alias either input.
 void swiglu_vec(const float* gate, const float* up, float* out, int64_t n);
+// out[n] = gelu(gate) * up, GELU by its tanh approximation (Gemma's GeGLU); out may alias
+// either input. Portable: one float tanh per element, the same on every ISA path.
+void geglu_vec(const float* gate, const float* up, float* out, int64_t n);
+// In place: x[n] = cap * tanh(x / cap) (Gemma's logit soft-capping).
+void softcap_vec(float* x, int64_t n, float cap);
 // out[n] = a + b; out may alias either input.
 void add_vec(const float* a, const float* b, float* out, int64_t n);
 // out[n_rows][n] = softmax of each row of x[n_rows][n]; out may be x. n >= 1.

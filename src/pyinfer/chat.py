@@ -48,6 +48,43 @@ from pyinfer.tokenizer import Tokenizer
 ROLES = ("system", "user", "assistant", "tool")
 TEMPLATE_KEY = "tokenizer.chat_template"
 
+# Gemma's turns, for the files that carry no template of their own (llama.cpp also falls back
+# to a built-in format for them): `<start_of_turn>user` / `<start_of_turn>model` turns, each
+# closed by `<end_of_turn>` and a newline. Gemma has no system turn: a system message opens
+# the first user turn, followed by a blank line.
+GEMMA_TURNS = """{{ bos_token }}
+{%- set ns = namespace(system='') %}
+{%- for m in messages %}
+{%- if m.role == 'system' %}
+{%- if not loop.first %}{{ raise_exception('a system message must come first') }}{% endif %}
+{%- set ns.system = m.content | trim + '\n\n' %}
+{%- elif m.role == 'user' or m.role == 'assistant' %}
+{{- '<start_of_turn>' + ('model' if m.role == 'assistant' else 'user') + '\n' }}
+{{- ns.system + (m.content or '') | trim }}
+{{- '<end_of_turn>\n' }}
+{%- set ns.system = '' %}
+{%- else %}
+{{- raise_exception('Gemma turns are user or assistant (model), not ' + m.role) }}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"""
+
+# Templates for files without tokenizer.chat_template, by general.architecture.
+BUILTIN_TEMPLATES = {"gemma3": GEMMA_TURNS}
+
+
+def builtin_template(metadata: Mapping[str, Any]) -> str | None:
+    """The built-in template for a file that has none of its own, or None."""
+    if TEMPLATE_KEY in metadata:
+        return None
+    arch = metadata.get("general.architecture")
+    return BUILTIN_TEMPLATES.get(arch) if isinstance(arch, str) else None
+
+
+def has_chat_template(metadata: Mapping[str, Any]) -> bool:
+    """Whether chat prompts can be rendered for this file: its own template or a built-in one."""
+    return TEMPLATE_KEY in metadata or builtin_template(metadata) is not None
+
 
 def _raise_exception(message: str) -> NoReturn:
     # Templates call this to reject a conversation (roles that do not alternate, ...).
@@ -331,10 +368,14 @@ class ChatTemplate:
 
         template: use this source instead of the file's (files without one, or to override
         it). name: a named variant, `tokenizer.chat_template.<name>` (e.g. "tool_use").
+        A file with no template of its own gets its architecture's built-in one, if any
+        (BUILTIN_TEMPLATES).
         """
         if template is None:
             key = TEMPLATE_KEY if name is None else f"{TEMPLATE_KEY}.{name}"
             template = metadata.get(key)
+            if template is None and name is None:
+                template = builtin_template(metadata)
             if template is None:
                 raise ChatTemplateError(
                     f"the model file has no {key!r} in its metadata: pass the template "

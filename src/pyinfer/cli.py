@@ -110,9 +110,11 @@ def _stream(model: Any, chunks: Any, out: TextIO) -> tuple[str, Any]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from pyinfer.chat import has_chat_template
+
     model = _load_model(args)
     kw = _sampling_kwargs(args)
-    use_chat = not args.raw and "tokenizer.chat_template" in model.reader.metadata
+    use_chat = not args.raw and has_chat_template(model.reader.metadata)
     if use_chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         messages.append({"role": "user", "content": args.prompt})

@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any
 
 from pyinfer.arch import UnsupportedModelError, describe
+from pyinfer.chat import builtin_template, has_chat_template
 from pyinfer.gguf import GGUFReader
 
 
@@ -72,7 +73,8 @@ def model_info(r: GGUFReader) -> dict[str, Any]:
         "tied_embeddings": tied,
         "tokenizer_model": r.metadata.get("tokenizer.ggml.model"),
         "tokenizer_pre": r.metadata.get("tokenizer.ggml.pre"),
-        "has_chat_template": "tokenizer.chat_template" in r.metadata,
+        "has_chat_template": has_chat_template(r.metadata),
+        "builtin_chat_template": builtin_template(r.metadata) is not None,
         "n_tensors": len(r.tensors),
         "tensor_types": dict(Counter(t.type.name for t in r.tensors.values()).most_common()),
         "tensors": [
@@ -102,7 +104,8 @@ def format_info(info: dict[str, Any], *, tensors: bool = False) -> str:
         f"rope base       {info['rope_freq_base']}",
         f"output head     {'tied to the embedding' if info['tied_embeddings'] else 'separate'}",
         f"tokenizer       {info['tokenizer_model']} (pre-tokenizer {info['tokenizer_pre']})"
-        + (", chat template" if info["has_chat_template"] else ""),
+        + (", chat template" if info["has_chat_template"] else "")
+        + (" (built in: the file has none)" if info.get("builtin_chat_template") else ""),
         f"tensors         {info['n_tensors']}: "
         + ", ".join(f"{n} {k}" for k, n in info["tensor_types"].items()),
         f"decode reads    {info['weight_bytes_per_token'] / mb:.1f} MB of weights per token",

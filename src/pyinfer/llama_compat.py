@@ -87,7 +87,7 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from pyinfer import _C, openai_types
-from pyinfer.chat import ChatTemplate
+from pyinfer.chat import ChatTemplate, builtin_template
 from pyinfer.constraint import Constraint, constraint_from
 from pyinfer.errors import ContextOverflowError, ParameterTypeError
 from pyinfer.generate import CompletionChunk, generate
@@ -511,6 +511,8 @@ class Llama:
         """The template for chat_format, or None when the file has none (an error at the
         first chat call, not at load: a model may be used for completions only)."""
         md = self.model.reader.metadata
+        if chat_format is None and builtin_template(md) is not None:
+            return self.model.chat_template  # the architecture's built-in turns (Gemma's)
         if chat_format is None or chat_format == "chat_template.default":
             if "tokenizer.chat_template" not in md:
                 if chat_format is not None:

@@ -1,8 +1,8 @@
 """NumPy references: the spec every C++ kernel is tested against, and a NumPy forward pass.
 
 The kernel references compute in float64 and return float64, so a test measures a kernel's
-own float32 rounding against a value that carries almost none. `forward` runs a llama-arch
-GGUF model on dequantized weights, token by token in float64 (or float32) math.
+own float32 rounding against a value that carries almost none. `forward` runs a llama or
+gemma3 GGUF model on dequantized weights, in float64 (or float32) math.
 """
 
 from __future__ import annotations
@@ -81,6 +81,17 @@ def silu(x: np.ndarray) -> np.ndarray:
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up, elementwise."""
     return silu(gate) * np.asarray(up, dtype=np.float64)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU by its tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    x = np.asarray(x, dtype=np.float64)
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gelu_tanh(gate) * up, elementwise."""
+    return gelu_tanh(gate) * np.asarray(up, dtype=np.float64)
 
 
 def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -277,8 +288,8 @@ def load_model(reader: Any) -> dict[str, Any]:
     from pyinfer.arch import describe
 
     d = describe(reader)
-    if d.config.architecture != "llama":
-        raise ValueError(f"reference.forward implements llama, not {d.config.architecture!r}")
+    if d.config.architecture not in _FORWARDS:
+        raise ValueError(f"reference.forward implements {', '.join(_FORWARDS)}, not {d.config.architecture!r}")
     w = {name: reader.dequantize(name) for name in d.tensors}
     if "output.weight" not in w:  # tied embedding
         w["output.weight"] = w["token_embd.weight"]
@@ -286,12 +297,29 @@ def load_model(reader: Any) -> dict[str, Any]:
 
 
 def forward(model: Any, ids: Sequence[int], dtype: Any = np.float64) -> np.ndarray:
-    """logits[len(ids), n_vocab] of a llama-arch model for one sequence starting at position 0.
+    """logits[len(ids), n_vocab] of a llama or gemma3 model for one sequence starting at
+    position 0.
 
     `model` is a GGUFReader or the result of `load_model`. All activations are `dtype`.
     """
     if not isinstance(model, Mapping):
         model = load_model(model)
+    return _FORWARDS[model["config"].architecture](model, ids, dtype)
+
+
+def _lin_norm(w: Mapping[str, np.ndarray], eps: float, dtype: Any) -> tuple[Any, Any]:
+    """lin(x, name) = x @ W^T and norm(x, name) = RMSNorm by the named vector, both in dtype."""
+
+    def lin(x: np.ndarray, name: str) -> np.ndarray:
+        return x @ w[name].astype(dtype).T
+
+    def norm(x: np.ndarray, name: str) -> np.ndarray:
+        return rms_norm(x, w[name], eps).astype(dtype)
+
+    return lin, norm
+
+
+def _forward_llama(model: Mapping[str, Any], ids: Sequence[int], dtype: Any) -> np.ndarray:
     cfg, w = model["config"], model["weights"]
     n_head, n_head_kv, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
     eps = cfg.rms_eps
@@ -299,11 +327,7 @@ def forward(model: Any, ids: Sequence[int], dtype: Any = np.float64) -> np.ndarr
     tokens = np.asarray(ids, dtype=np.int64)
     m = len(tokens)
 
-    def lin(x: np.ndarray, name: str) -> np.ndarray:
-        return x @ w[name].astype(dtype).T
-
-    def norm(x: np.ndarray, name: str) -> np.ndarray:
-        return rms_norm(x, w[name], eps).astype(dtype)
+    lin, norm = _lin_norm(w, eps, dtype)
 
     x = w["token_embd.weight"][tokens].astype(dtype)  # [M, n_embd]
     for layer in range(cfg.n_layer):
@@ -321,3 +345,48 @@ def forward(model: Any, ids: Sequence[int], dtype: Any = np.float64) -> np.ndarr
         x = x + lin(g, p + "ffn_down.weight")
     x = norm(x, "output_norm.weight")
     return lin(x, "output.weight")
+
+
+def _forward_gemma3(model: Mapping[str, Any], ids: Sequence[int], dtype: Any) -> np.ndarray:
+    """Gemma 3: embeddings times sqrt(width); per layer RMSNorm, Q/K/V, RMSNorm of each query
+    and key head, NeoX RoPE (the local layers' own base, the global ones' linear scaling),
+    attention (a sliding window on local layers), RMSNorm of the block's output before the
+    residual add, the same around a GeGLU feed-forward; final norm, head, soft-cap."""
+    cfg, w = model["config"], model["weights"]
+    n_head, n_head_kv, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    eps = cfg.rms_eps
+    tokens = np.asarray(ids, dtype=np.int64)
+    m = len(tokens)
+
+    lin, norm = _lin_norm(w, eps, dtype)
+
+    def head_norm(x: np.ndarray, n_heads: int, name: str) -> np.ndarray:
+        return norm(x.reshape(m, n_heads, hd), name).reshape(m, n_heads * hd)
+
+    x = (w["token_embd.weight"][tokens].astype(np.float32) * np.float32(cfg.embd_scale)).astype(dtype)
+    for layer in range(cfg.n_layer):
+        p = f"blk.{layer}."
+        local = cfg.local_layers[layer]
+        rope_kw = {"base": cfg.rope_base_local, "freq_scale": 1.0} if local else \
+            {"base": cfg.rope_base, "freq_scale": cfg.rope_freq_scale}
+        h = norm(x, p + "attn_norm.weight")
+        q = head_norm(lin(h, p + "attn_q.weight"), n_head, p + "attn_q_norm.weight")
+        k = head_norm(lin(h, p + "attn_k.weight"), n_head_kv, p + "attn_k_norm.weight")
+        q = rope(q, 0, n_head, hd, neox=True, **rope_kw).astype(dtype)
+        k = rope(k, 0, n_head_kv, hd, neox=True, **rope_kw).astype(dtype)
+        v = lin(h, p + "attn_v.weight")
+        kc = k.reshape(m, n_head_kv, hd).transpose(1, 0, 2)  # [n_head_kv, M, head_dim]
+        vc = v.reshape(m, n_head_kv, hd).transpose(1, 0, 2)
+        a = attention(q, kc, vc, 0, n_head, scale=cfg.attn_scale,
+                      window=cfg.sliding_window if local else 0).astype(dtype)
+        x = x + norm(lin(a, p + "attn_output.weight"), p + "post_attention_norm.weight")
+        h = norm(x, p + "ffn_norm.weight")
+        g = geglu(lin(h, p + "ffn_gate.weight"), lin(h, p + "ffn_up.weight")).astype(dtype)
+        x = x + norm(lin(g, p + "ffn_down.weight"), p + "post_ffw_norm.weight")
+    logits = lin(norm(x, "output_norm.weight"), "output.weight")
+    if cfg.final_logit_softcap > 0:
+        logits = cfg.final_logit_softcap * np.tanh(logits / cfg.final_logit_softcap)
+    return logits
+
+
+_FORWARDS = {"llama": _forward_llama, "gemma3": _forward_gemma3}

@@ -1,8 +1,11 @@
-"""Byte-level BPE tokenizer built from GGUF metadata, giving llama.cpp's token ids."""
+"""Tokenizers built from GGUF metadata, giving llama.cpp's token ids: byte-level BPE
+(`tokenizer.ggml.model = gpt2`) and SentencePiece-style vocabularies (`llama`: merges by
+score, the \u2581 space marker, byte fallback)."""
 
 from __future__ import annotations
 
 import codecs
+import heapq
 import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -82,6 +85,11 @@ def _normal_piece(text: str) -> bytes:
         )
 
 
+def _spm_piece(text: str) -> bytes:
+    """A SentencePiece token's bytes: its space marks are spaces."""
+    return text.replace(SPACE_MARK, " ").encode("utf-8")
+
+
 def _byte_token(text: str) -> bytes:
     """A byte token's value, written <0xXX>."""
     if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
@@ -90,6 +98,73 @@ def _byte_token(text: str) -> bytes:
         except ValueError:
             pass
     return b""
+
+
+# SentencePiece writes a space as U+2581 (LOWER ONE EIGHTH BLOCK) inside its tokens.
+SPACE_MARK = "\u2581"
+
+
+class SentencePiece:
+    """The merge loop of a SentencePiece-style (`llama`) vocabulary, as llama.cpp runs it.
+
+    A text fragment, its spaces written as SPACE_MARK, starts as one symbol per character.
+    Repeatedly, of all adjacent pairs whose concatenation is a token, the one whose token has
+    the highest score is merged (ties: the leftmost). Each final symbol is its token, or,
+    when it is a character with no token, the byte tokens `<0xNN>` of its UTF-8.
+    """
+
+    def __init__(self, tokens: list[str], scores: list[float], byte_ids: list[int | None]) -> None:
+        self._ids = {t: i for i, t in enumerate(tokens)}
+        self._scores = scores
+        self._byte_ids = byte_ids
+
+    def encode(self, text: str, out: list[int]) -> None:
+        """Append the ids of a plain-text fragment (spaces not yet marked) to out."""
+        text = text.replace(" ", SPACE_MARK)
+        n = len(text)
+        if n == 0:
+            return
+        ids, scores = self._ids, self._scores
+        # Symbol i covers text[start[i]:start[i] + size[i]]; size 0 once merged into its left.
+        start = list(range(n))
+        size = [1] * n
+        nxt = list(range(1, n + 1))
+        nxt[-1] = -1
+        prv = list(range(-1, n - 1))
+        heap: list[tuple[float, int, int, int]] = []
+
+        def push(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            length = size[left] + size[right]
+            tid = ids.get(text[start[left]:start[left] + length])
+            if tid is not None:
+                heapq.heappush(heap, (-scores[tid], left, right, length))
+
+        for i in range(n - 1):
+            push(i, i + 1)
+        while heap:
+            _, left, right, length = heapq.heappop(heap)
+            # A pair made stale by an earlier merge of either side: skip it.
+            if size[left] == 0 or size[right] == 0 or size[left] + size[right] != length:
+                continue
+            size[left] = length
+            size[right] = 0
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prv[nxt[right]] = left
+            push(prv[left], left)
+            push(left, nxt[left])
+        i = 0
+        byte_ids = self._byte_ids
+        while i >= 0:
+            piece = text[start[i]:start[i] + size[i]]
+            tid = ids.get(piece)
+            if tid is not None:
+                out.append(tid)
+            else:  # byte fallback; a byte with no token of its own is lost, as in llama.cpp
+                out.extend(b for b in (byte_ids[c] for c in piece.encode("utf-8")) if b is not None)
+            i = nxt[i]
 
 
 class StreamDecoder:
@@ -134,7 +209,8 @@ def _check_id(i: int, n: int) -> int:
 
 
 class Tokenizer:
-    """Byte-level BPE (`tokenizer.ggml.model = gpt2`) from a GGUF file's metadata.
+    """A GGUF file's vocabulary: byte-level BPE (`tokenizer.ggml.model = gpt2`) or
+    SentencePiece-style (`llama`, see SentencePiece).
 
     >>> tok = Tokenizer.load()                  # the default model
     >>> tok.tokenize("Hello world")
@@ -143,41 +219,40 @@ class Tokenizer:
     b'Hello world'
 
     Token ids are llama.cpp's: the same pre-tokenizer, merge order and special-token
-    matching, checked against its output on the reference texts.
+    matching, checked against its output on the reference texts of both kinds.
     """
 
     def __init__(self, metadata: Mapping[str, Any]) -> None:
         model = metadata.get("tokenizer.ggml.model")
-        if model != "gpt2":
+        if model not in ("gpt2", "llama"):
             if model is None:
                 raise ValueError("the GGUF metadata has no tokenizer.ggml.model: no tokenizer")
             raise ValueError(
-                f"tokenizer.ggml.model = {model!r} is not supported: only byte-level BPE "
-                "('gpt2') is implemented so far"
+                f"tokenizer.ggml.model = {model!r} is not supported: byte-level BPE ('gpt2') and "
+                "SentencePiece-style vocabularies ('llama') are"
             )
-        pre_name = metadata.get("tokenizer.ggml.pre")
-        if pre_name is None:
-            raise ValueError(
-                "tokenizer.ggml.pre is missing: the pre-tokenizer is unknown, and guessing "
-                f"would give wrong ids (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
-            )
-        pre = PRE_TOKENIZERS.get(pre_name)
-        if pre is None:
-            raise ValueError(
-                f"unknown pre-tokenizer tokenizer.ggml.pre = {pre_name!r} "
-                f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})"
-            )
-        self.pre_name: str = pre_name
-        self.pre: PreTokenizer = pre
-
+        self.model: str = model
         tokens = metadata.get("tokenizer.ggml.tokens")
-        merges = metadata.get("tokenizer.ggml.merges")
         if not tokens:
             raise ValueError("tokenizer.ggml.tokens is missing or empty")
-        if merges is None:
-            raise ValueError("tokenizer.ggml.merges is missing: byte-level BPE needs its merges")
-        if not isinstance(tokens, list) or not isinstance(merges, list):
-            raise TypeError("tokenizer.ggml.tokens and tokenizer.ggml.merges must be string arrays")
+        if not isinstance(tokens, list):
+            raise TypeError("tokenizer.ggml.tokens must be a string array")
+        if model == "gpt2":
+            pre = self._pre_tokenizer(metadata)
+            merges = metadata.get("tokenizer.ggml.merges")
+            if merges is None:
+                raise ValueError("tokenizer.ggml.merges is missing: byte-level BPE needs its merges")
+            if not isinstance(merges, list):
+                raise TypeError("tokenizer.ggml.merges must be a string array")
+        else:
+            # llama.cpp ignores tokenizer.ggml.pre for these vocabularies: the merge loop
+            # runs over whole fragments, with no pre-tokenizer. Only the BOS default of
+            # this entry is read (BOS is added unless the file says otherwise).
+            pre = PreTokenizer(_bpe.SPLIT_GPT2, add_bos=True)
+            merges = None
+        self.pre_name: str = str(metadata.get("tokenizer.ggml.pre", "default"))
+        self.pre: PreTokenizer = pre
+
         n = len(tokens)
         if len(set(tokens)) != n:
             seen: dict[str, int] = {}
@@ -214,22 +289,43 @@ class Tokenizer:
         if self.eos_id is not None:
             eot.add(self.eos_id)
         self.eot_ids: frozenset[int] = frozenset(eot)
-        # Bytes with no token of their own: text containing them loses them, as it does in
-        # llama.cpp (SmolLM2 lacks six C0 controls and lead bytes of unused planes).
-        vocab = set(tokens)
-        self.missing_bytes: frozenset[int] = frozenset(
-            b for b, c in enumerate(BYTE_CHARS) if c not in vocab
-        )
-
-        self._bpe = _bpe.BPE(
-            tokens,
-            merges,
-            BYTE_CHARS,
-            pre.split,
-            isolate_numbers=pre.isolate_numbers,
-            number_group=pre.number_group,
-            ignore_merges=pre.ignore_merges,
-        )
+        # A space before each text fragment that starts the text or follows a special token.
+        self.add_space_prefix: bool = False
+        self._bpe: Any = None  # the byte-level BPE kernel (gpt2 vocabularies)
+        self._encoder: Any
+        if merges is not None:
+            # Bytes with no token of their own: text containing them loses them, as it does
+            # in llama.cpp (SmolLM2 lacks six C0 controls and lead bytes of unused planes).
+            vocab = set(tokens)
+            self.missing_bytes: frozenset[int] = frozenset(
+                b for b, c in enumerate(BYTE_CHARS) if c not in vocab
+            )
+            self._bpe = self._encoder = _bpe.BPE(
+                tokens,
+                merges,
+                BYTE_CHARS,
+                pre.split,
+                isolate_numbers=pre.isolate_numbers,
+                number_group=pre.number_group,
+                ignore_merges=pre.ignore_merges,
+            )
+        else:
+            scores_md = metadata.get("tokenizer.ggml.scores")
+            if scores_md is None or len(scores_md) < n:
+                raise ValueError(
+                    "tokenizer.ggml.scores is missing or shorter than the vocabulary: a "
+                    "SentencePiece-style vocabulary merges by score"
+                )
+            scores = [float(x) for x in scores_md[:n]]
+            index = {t: i for i, t in enumerate(tokens)}
+            # Byte fallback: <0xNN>, else (as llama.cpp) the byte as a one-character token.
+            byte_ids: list[int | None] = [
+                index.get(f"<0x{b:02X}>", index.get(chr(b)) if b < 0x80 else None) for b in range(256)
+            ]
+            self.missing_bytes = frozenset(b for b, i in enumerate(byte_ids) if i is None)
+            self._encoder = SentencePiece(tokens, scores, byte_ids)
+            # llama.cpp's default for these vocabularies is a leading space; Gemma's files turn it off.
+            self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
 
         # Texts matched as single tokens before BPE: longest first, as llama.cpp does.
         # User-defined tokens always; control and unknown ones only with special=True.
@@ -244,9 +340,10 @@ class Tokenizer:
         # text only when asked to (special=True).
         pieces: list[bytes] = []
         plain: list[bytes] = []
+        normal_piece = _normal_piece if merges is not None else _spm_piece
         for t, k in zip(tokens, types):
             if k == NORMAL:
-                p = _normal_piece(t)
+                p = normal_piece(t)
                 pieces.append(p)
                 plain.append(p)
             elif k == USER_DEFINED:
@@ -265,6 +362,22 @@ class Tokenizer:
                 plain.append(b"")
         self._pieces = pieces
         self._pieces_plain = plain
+
+    @staticmethod
+    def _pre_tokenizer(metadata: Mapping[str, Any]) -> PreTokenizer:
+        pre_name = metadata.get("tokenizer.ggml.pre")
+        if pre_name is None:
+            raise ValueError(
+                "tokenizer.ggml.pre is missing: the pre-tokenizer is unknown, and guessing "
+                f"would give wrong ids (supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+            )
+        pre = PRE_TOKENIZERS.get(pre_name)
+        if pre is None:
+            raise ValueError(
+                f"unknown pre-tokenizer tokenizer.ggml.pre = {pre_name!r} "
+                f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})"
+            )
+        return pre
 
     @staticmethod
     def _special_id(metadata: Mapping[str, Any], name: str) -> int | None:
@@ -302,8 +415,17 @@ class Tokenizer:
                 raise ValueError("add_bos=True, but this vocabulary has no BOS token")
             out.append(self.bos_id)
         specials = self._special_all if special else self._special_user
-        encode = self._bpe.encode
-        if specials:
+        encode = self._encoder.encode
+        if self.add_space_prefix:
+            prev_special = True  # llama.cpp: the first fragment, and each after a token, gets a space
+            for piece in _partition(text, specials) if specials else [text]:
+                if isinstance(piece, int):
+                    out.append(piece)
+                    prev_special = True
+                else:
+                    encode(" " + piece if prev_special else piece, out)
+                    prev_special = False
+        elif specials:
             for piece in _partition(text, specials):
                 if isinstance(piece, int):
                     out.append(piece)
@@ -336,10 +458,12 @@ class Tokenizer:
 
     def clear_cache(self) -> None:
         """Forget the cached ids of words seen so far (memory, or a cold-start benchmark)."""
-        self._bpe.clear_cache()
+        if self._bpe is not None:
+            self._bpe.clear_cache()
 
     def token_text(self, token_id: int) -> str:
-        """A token as stored in the vocabulary (byte-level characters, e.g. 'Ġworld')."""
+        """A token as stored in the vocabulary (byte-level characters, e.g. 'Ġworld', or
+        SentencePiece's space marks, '\u2581world')."""
         return self._tokens[_check_id(token_id, self.vocab_size)]
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -352,7 +476,7 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return (
-            f"Tokenizer(gpt2/{self.pre_name}, vocab_size={self.vocab_size}, "
+            f"Tokenizer({self.model}/{self.pre_name}, vocab_size={self.vocab_size}, "
             f"bos_id={self.bos_id}, eos_id={self.eos_id}, eot_ids={sorted(self.eot_ids)})"
         )
 

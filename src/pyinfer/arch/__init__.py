@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from pyinfer.arch.base import Architecture, Config, Description, UnsupportedModelError
+from pyinfer.arch.gemma3 import GEMMA3
 from pyinfer.arch.llama import LLAMA
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA,)}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3)}
 
 __all__ = ["ARCHITECTURES", "Architecture", "Config", "Description", "UnsupportedModelError",
            "architecture", "describe"]
