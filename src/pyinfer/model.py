@@ -16,6 +16,7 @@ import numpy as np
 from pyinfer import _C
 from pyinfer.arch import Config, describe
 from pyinfer.chat import ChatTemplate
+from pyinfer.errors import ParameterTypeError
 from pyinfer.gguf import GGUFReader
 from pyinfer.registry import ModelArg, resolve_model
 from pyinfer.sampling import logsumexp
@@ -34,9 +35,16 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _check_positive_int(name: str, value: object) -> int:
+# Token counts (n_ctx, n_batch) are 32-bit throughout, as SamplingParams' are: a larger one is
+# refused by name here instead of overflowing a size further down.
+MAX_TOKENS = 2**31 - 1
+
+
+def _check_positive_int(name: str, value: object, limit: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if limit is not None and value > limit:
+        raise ValueError(f"{name} must be in [1, {limit}], got {value!r}")
     return int(value)
 
 
@@ -113,7 +121,11 @@ class Context:
 
     def truncate(self, n: int) -> None:
         """Forget positions >= n (the KV cache keeps the first n)."""
-        self._ctx.truncate(n)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise ParameterTypeError(f"truncate takes an int length, not {type(n).__name__}")
+        if n < 0:
+            raise ValueError(f"truncate takes a length >= 0, got {n}")
+        self._ctx.truncate(min(int(n), self.n_ctx))
 
     def reset(self) -> None:
         """Empty the sequence."""
@@ -140,7 +152,9 @@ class Model:
         self.config: Config = description.config
         self.precision = _check_choice("precision", precision, PRECISIONS)
         self.kv_dtype = _check_choice("kv_dtype", kv_dtype, KV_DTYPES)
-        self.n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else min(self.config.n_ctx_train, 4096))
+        self.n_ctx = _check_positive_int(
+            "n_ctx", n_ctx if n_ctx is not None else min(self.config.n_ctx_train, 4096), MAX_TOKENS
+        )
         self.n_threads = _check_positive_int("n_threads", n_threads if n_threads is not None else default_threads())
         cores = default_threads()
         if self.n_threads > cores:
@@ -148,10 +162,12 @@ class Model:
             warnings.warn(f"n_threads={self.n_threads} exceeds the {cores} cores this process may use: "
                           f"using {cores}", RuntimeWarning, stacklevel=2)
             self.n_threads = cores
-        self.n_batch = _check_positive_int("n_batch", n_batch)
+        self.n_batch = _check_positive_int("n_batch", n_batch, MAX_TOKENS)
         # The most a context may take (KV cache + scratch): None, the memory available when it is made.
         self.memory_limit = None if memory_limit is None else _check_positive_int("memory_limit", memory_limit)
         self._tokenizer: Tokenizer | None = None
+        if repack is not None and not isinstance(repack, (bool, np.bool_)):
+            raise ParameterTypeError(f"repack must be True, False or None (the ISA's choice), not {repack!r}")
         if repack is None:
             # The interleaved layout has SIMD kernels on the AVX2 and AVX-512 paths, several
             # times faster there than blocks as stored; the scalar path keeps the blocks.
@@ -208,8 +224,10 @@ class Model:
         """A new sequence with its own KV cache. n_batch (tokens per forward call) is capped at
         n_ctx. MemoryError, before allocating, if the context needs more than the model's
         memory_limit (default: the memory available now)."""
-        n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else self.n_ctx)
-        n_batch = min(n_ctx, _check_positive_int("n_batch", n_batch if n_batch is not None else self.n_batch))
+        n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else self.n_ctx, MAX_TOKENS)
+        n_batch = min(
+            n_ctx, _check_positive_int("n_batch", n_batch if n_batch is not None else self.n_batch, MAX_TOKENS)
+        )
         need = self.context_nbytes(n_ctx, n_batch)
         limit = self.memory_limit if self.memory_limit is not None else available_memory()
         if limit is not None and need > limit:
