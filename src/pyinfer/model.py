@@ -110,6 +110,7 @@ class Context:
         [len(ids), n_vocab]. The last-token row is a view reused by the next call."""
         a = self._ids(ids)
         m = self.model
+        m.reader.check_unchanged()  # a GGUFError instead of a SIGBUS on a truncated file
         out = np.empty((a.size, m.n_vocab), np.float32) if all_logits else self._last
         for start in range(0, a.size, self.n_batch):
             chunk = a[start : start + self.n_batch]
@@ -177,6 +178,7 @@ class Model:
             t = reader.tensors[name]
             tensors[name] = (reader.tensor(name), int(t.type), t.n_elements // t.shape[0], t.shape[0])
         self._native = _C.Model(self.config.architecture, self.config.params(), tensors, bool(repack))
+        reader.check_unchanged()  # repacking read the whole file: it must be what was validated
         self._chat_template: ChatTemplate | None = None
         # Compute scratch of decode_batch (activations for n_seq rows, no sequence state),
         # grown to the largest batch seen; one step at a time.
@@ -261,6 +263,7 @@ class Model:
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
         a = np.ascontiguousarray(a, dtype=np.int32)
         out = np.empty((n, self.n_vocab), np.float32)
+        self.reader.check_unchanged()
         with self._batch_lock:
             if self._batch is None or self._batch.n_seq < n:
                 self._batch = _C.Batch(self._native, max(n, 8))
