@@ -17,6 +17,7 @@
 #include "ops/ops.h"
 #include "probes/bandwidth.h"
 #include "probes/int8_peak.h"
+#include "runtime/checked.h"
 #include "runtime/cpu_features.h"
 #include "runtime/isa.h"
 #include "runtime/threadpool.h"
@@ -96,7 +97,7 @@ py::array_t<float> dequantize(uint32_t type, py::array_t<uint8_t, py::array::c_s
   if (n < 0 || n % ts.block_elems != 0)
     throw py::value_error("n=" + std::to_string(n) + " is not a multiple of the block size " +
                           std::to_string(ts.block_elems));
-  const int64_t need = n / ts.block_elems * ts.block_bytes;
+  const int64_t need = checked_mul(n / ts.block_elems, ts.block_bytes, "bytes of n elements (blocks * block bytes)");
   if (raw.ndim() != 1 || raw.shape(0) != need)
     throw py::value_error("raw must be a 1-D uint8 array of " + std::to_string(need) + " bytes for " +
                           std::to_string(n) + " elements");
@@ -178,7 +179,8 @@ py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t 
     throw py::value_error("x must be a C-contiguous float32 array of shape (M, k=" + std::to_string(k) + ")");
   if (packed && packed_bytes(w_type, n, k) < 0)
     throw py::value_error("packed weights are Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K (from repack)");
-  const int64_t w_bytes = packed ? packed_bytes(w_type, n, k) : n * row_bytes;
+  const int64_t w_bytes =
+      packed ? packed_bytes(w_type, n, k) : checked_mul(n, row_bytes, "weight bytes (n * row bytes)");
   if (!c_contig(w) || w.nbytes() != w_bytes)
     throw py::value_error(std::string("w must be a C-contiguous array of exactly ") +
                           (packed ? "repack's " : "n rows of the type: ") + std::to_string(w_bytes) + " bytes, got " +
@@ -480,7 +482,8 @@ py::array_t<uint8_t> repack_py(py::array w, uint32_t w_type, int64_t n, int64_t 
     throw py::value_error(
         "repack takes Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K weights, n >= 1, k a positive "
         "multiple of the type's block size");
-  if (!(w.flags() & py::array::c_style) || w.nbytes() != n * matmul_row_bytes(w_type, k))
+  if (!(w.flags() & py::array::c_style) ||
+      w.nbytes() != checked_mul(n, matmul_row_bytes(w_type, k), "weight bytes (n * row bytes)"))
     throw py::value_error("w must be a C-contiguous array of exactly n rows of the type");
   py::array_t<uint8_t> out(total);
   const void* src = w.data();
@@ -500,7 +503,7 @@ py::array_t<uint8_t> unpack_py(py::array packed, uint32_t w_type, int64_t n, int
         "multiple of the type's block size");
   if (!(packed.flags() & py::array::c_style) || packed.nbytes() != total)
     throw py::value_error("packed must be a C-contiguous array of " + std::to_string(total) + " bytes");
-  py::array_t<uint8_t> out(n * matmul_row_bytes(w_type, k));
+  py::array_t<uint8_t> out(checked_mul(n, matmul_row_bytes(w_type, k), "weight bytes (n * row bytes)"));
   const void* src = packed.data();
   void* dst = out.mutable_data();
   {
@@ -558,8 +561,9 @@ PyModel make_model_py(const std::string& arch, const py::dict& params, const py:
     const TypeSize ts = type_size(type);
     if (ts.block_elems == 0 || rows < 1 || cols < 1 || cols % ts.block_elems != 0)
       throw py::value_error(name + ": unsupported type " + std::to_string(type) + " or shape");
+    const std::string what = name + " bytes (rows * blocks per row * block bytes)";
     if (!(a.flags() & py::array::c_style) ||
-        a.nbytes() != static_cast<py::ssize_t>(rows * (cols / ts.block_elems) * ts.block_bytes))
+        a.nbytes() != checked_product({rows, cols / ts.block_elems, ts.block_bytes}, what.c_str()))
       throw py::value_error(name + ": array is not C-contiguous or not " + std::to_string(rows) + " rows of " +
                             std::to_string(cols) + " elements of type " + std::to_string(type));
     out.keep_alive.append(a);

@@ -9,6 +9,7 @@
 
 #include "kernels/packed16.h"
 #include "ops/ops.h"
+#include "runtime/checked.h"
 
 namespace pyinfer {
 
@@ -56,6 +57,12 @@ void ModelDims::check() const {
                                 std::to_string(n_head_kv) + ")");
   if (head_dim % 2 != 0 || head_dim > kRopeMaxDim)
     throw std::invalid_argument("head_dim must be even and at most " + std::to_string(kRopeMaxDim));
+  // The widths a forward pass sizes its buffers by, checked once here.
+  checked_sum({checked_mul(n_head, head_dim, "query width (n_head * head_dim)"),
+               checked_product({2, n_head_kv, head_dim}, "key/value width (2 * n_head_kv * head_dim)")},
+              "fused QKV width");
+  checked_mul(2, n_ff, "fused gate/up width (2 * n_ff)");
+  checked_mul(n_vocab, n_embd, "embedding elements (n_vocab * n_embd)");
 }
 
 ModelDims ModelDims::from(const Params& p) {
@@ -93,7 +100,7 @@ void check_weight(const WeightRef& w, const std::string& name, int64_t rows, int
 
 const float* check_vector(const WeightRef& w, const std::string& name, int64_t n) {
   if (w.data == nullptr) throw std::invalid_argument("missing weight " + name);
-  if (w.type != GGML_F32 || w.rows * w.cols != n)
+  if (w.type != GGML_F32 || checked_mul(w.rows, w.cols, "a vector's elements (rows * cols)") != n)
     throw std::invalid_argument(name + ": expected " + std::to_string(n) + " float32 values");
   return static_cast<const float*>(w.data);
 }
@@ -127,17 +134,29 @@ WeightRef take_output(TensorMap& t, const ModelDims& c, const WeightRef& tok_emb
 
 Scratch::Scratch(const ModelDims& c, int64_t rows) : n_rows(rows) {
   if (rows < 1) throw std::invalid_argument("a forward pass needs room for at least one row");
-  const size_t R = static_cast<size_t>(rows);
-  const int64_t q_dim = c.n_head * c.head_dim, kv_dim = c.n_head_kv * c.head_dim;
-  x.resize(R * c.n_embd);
-  xn.resize(R * c.n_embd);
-  qkv.resize(R * (q_dim + 2 * kv_dim));
-  attn.resize(R * q_dim);
-  ffn.resize(R * 2 * c.n_ff);
-  act.resize(R * c.n_ff);
-  rope.resize(R * c.head_dim);
-  pos.resize(R);
-  ids.resize(R);
+  // Every size checked, and their sum, before the first allocation.
+  const int64_t q_dim = checked_mul(c.n_head, c.head_dim, "query width (n_head * head_dim)");
+  const int64_t kv_dim = checked_mul(c.n_head_kv, c.head_dim, "key/value width (n_head_kv * head_dim)");
+  const int64_t n_x = checked_mul(rows, c.n_embd, "scratch rows * n_embd");
+  const int64_t n_qkv = checked_mul(rows, checked_sum({q_dim, kv_dim, kv_dim}, "q_dim + 2 * kv_dim"),
+                                    "scratch rows * (q_dim + 2 * kv_dim)");
+  const int64_t n_attn = checked_mul(rows, q_dim, "scratch rows * q_dim");
+  const int64_t n_ffn = checked_product({rows, 2, c.n_ff}, "scratch rows * 2 * n_ff");
+  const int64_t n_act = checked_mul(rows, c.n_ff, "scratch rows * n_ff");
+  const int64_t n_rope = checked_mul(rows, c.head_dim, "scratch rows * head_dim");
+  checked_sum({checked_mul(checked_sum({n_x, n_x, n_qkv, n_attn, n_ffn, n_act, n_rope}, "scratch floats"), 4,
+                           "scratch bytes of floats"),
+               checked_product({2, rows, 8}, "scratch bytes of positions and ids")},
+              "scratch bytes");
+  x.resize(to_size(n_x, "scratch"));
+  xn.resize(to_size(n_x, "scratch"));
+  qkv.resize(to_size(n_qkv, "scratch"));
+  attn.resize(to_size(n_attn, "scratch"));
+  ffn.resize(to_size(n_ffn, "scratch"));
+  act.resize(to_size(n_act, "scratch"));
+  rope.resize(to_size(n_rope, "scratch"));
+  pos.resize(to_size(rows, "scratch"));
+  ids.resize(to_size(rows, "scratch"));
 }
 
 // ---- the model and its arena ---------------------------------------------------------------
@@ -162,11 +181,12 @@ bool fusable(const std::vector<const WeightRef*>& parts) {
 }
 
 void Model::repack(const std::vector<RepackItem>& items) {
-  size_t total = 0;
+  int64_t total_bytes = 0;
   for (const RepackItem& it : items) {
     const int64_t n = packed_bytes(it.w->type, it.w->rows, it.w->cols);
-    if (n > 0) total += static_cast<size_t>(n);
+    if (n > 0) total_bytes = checked_add(total_bytes, n, "repacked weight bytes");
   }
+  const size_t total = to_size(total_bytes, "repacked weight bytes");
   if (total == 0) return;
   // 2 MiB-aligned and advised onto transparent huge pages: fewer TLB misses in the
   // prefetchers' way (docs/tuning.md has the measurement).

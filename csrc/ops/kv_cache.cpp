@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "runtime/checked.h"
 #include "runtime/dispatch.h"
 
 namespace pyinfer {
@@ -63,11 +64,18 @@ KVCache::KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n
     throw std::invalid_argument("KVCache needs n_layer, n_head_kv, head_dim and n_ctx >= 1; got " + str(n_layer) +
                                 ", " + str(n_head_kv) + ", " + str(head_dim) + ", " + str(n_ctx));
   if (type != KV_F32 && type != KV_F16) throw std::invalid_argument("KVCache: unknown element type");
-  // Overflow guard for the size product: every factor is < 2^20 in any real model.
-  const double elems = static_cast<double>(n_layer) * n_head_kv * head_dim * n_ctx;
-  if (elems * elem_size() > 9.0e18) throw std::invalid_argument("KVCache: size overflows");
-  bytes_ = static_cast<size_t>(n_layer * n_head_kv * head_dim * n_ctx) * elem_size();
-  k_.reset(zeroed(static_cast<size_t>(n_layer * n_head_kv * n_blk() * kKeyBlock * head_dim) * elem_size()));
+  // Both sizes checked before either is allocated; K's rounds n_ctx up to whole blocks.
+  const auto es = static_cast<int64_t>(elem_size());
+  const int64_t v_bytes =
+      checked_product({n_layer, n_head_kv, head_dim, n_ctx, es},
+                      "KV cache bytes of V (n_layer * n_head_kv * head_dim * n_ctx * element size)");
+  const int64_t k_bytes = checked_product(
+      {n_layer, n_head_kv, checked_round_up(n_ctx, kKeyBlock, "KV cache positions rounded to key blocks"), head_dim,
+       es},
+      "KV cache bytes of K (n_layer * n_head_kv * n_ctx in whole key blocks * head_dim * element size)");
+  checked_add(k_bytes, v_bytes, "KV cache bytes (K + V)");
+  bytes_ = to_size(v_bytes, "KV cache bytes of V");
+  k_.reset(zeroed(to_size(k_bytes, "KV cache bytes of K")));
   v_.reset(zeroed(bytes_));
   n_pos_.assign(static_cast<size_t>(n_layer), 0);
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/packed16.h"
+#include "runtime/checked.h"
 #include "runtime/dispatch.h"
 #include "runtime/threadpool.h"
 
@@ -51,7 +52,7 @@ int64_t matmul_row_bytes(uint32_t w_type, int64_t K) {
   if (w_type >= GGML_TYPE_SLOTS || (kt.matmul_exact[w_type] == nullptr && kt.dequant_row[w_type] == nullptr)) return -1;
   const TypeTraits& tt = type_traits(w_type);
   if (K <= 0 || K % QK8_A != 0 || K % tt.block_elems != 0) return -1;
-  return K / tt.block_elems * tt.block_bytes;
+  return checked_mul(K / tt.block_elems, tt.block_bytes, "a weight row's bytes (blocks * block bytes)");
 }
 
 namespace {
@@ -138,7 +139,8 @@ int64_t packed_bytes(uint32_t w_type, int64_t N, int64_t K) {
   if (packed_block_bytes(w_type) == 0 || N < 0) return -1;
   const int64_t row_bytes = matmul_row_bytes(w_type, K);
   if (row_bytes < 0) return -1;
-  return (N + kPackRows - 1) / kPackRows * kPackRows * row_bytes;
+  return checked_mul(checked_round_up(N, kPackRows, "rows rounded up to 16-row groups"), row_bytes,
+                     "packed weight bytes (rows in whole 16-row groups * row bytes)");
 }
 
 namespace {

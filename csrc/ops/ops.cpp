@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/rope_angles.h"
+#include "runtime/checked.h"
 #include "runtime/dispatch.h"
 
 namespace pyinfer {
@@ -58,7 +59,7 @@ int64_t embedding_row_bytes(uint32_t type, int64_t dim) {
   const TypeSize ts = type_size(type);
   if (ts.block_elems == 0 || !has_dequant_kernel(type)) return -1;
   if (dim < 1 || dim % ts.block_elems != 0) return -1;
-  return dim / ts.block_elems * static_cast<int64_t>(ts.block_bytes);
+  return checked_mul(dim / ts.block_elems, ts.block_bytes, "an embedding row's bytes (blocks * block bytes)");
 }
 
 void embedding(const void* table, uint32_t type, int64_t n_rows, int64_t dim, const int64_t* ids, int64_t n_ids,

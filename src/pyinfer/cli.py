@@ -62,6 +62,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         print(f"pyinfer serve: error: {e.name} is missing: pip install 'pyinfer[server]'", file=sys.stderr)
         return 1
     api_key = args.api_key if args.api_key is not None else os.environ.get("PYINFER_API_KEY") or None
+    if args.kv_budget_mib is not None and not (0 < args.kv_budget_mib < float(1 << 40)):
+        raise ValueError(f"--kv-budget-mib must be a positive number of MiB, got {args.kv_budget_mib}")
+    if args.max_body_bytes < 1:
+        raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     kv = None if args.kv_budget_mib is None else int(args.kv_budget_mib * (1 << 20))
     serve(args.model, host=args.host, port=args.port, api_key=api_key, n_threads=args.threads, n_ctx=args.ctx,
           precision=args.precision, max_batch=args.max_batch, token_budget=args.token_budget,
@@ -191,6 +195,17 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="a system message for chat models")
 
 
+def _port(text: str) -> int:
+    """A TCP port number, refused by argparse (naming --port) outside 0-65535."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{v} is outside 0-65535")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pyinfer", description="Fast LLM inference on CPUs.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -247,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the [server] extra)")
     sv.add_argument("--model", "-m", default=None, help="GGUF path or known model name (default: smollm2)")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    sv.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    sv.add_argument("--port", type=_port, default=8000, help="port to listen on (default: %(default)s)")
     sv.add_argument("--api-key", default=None,
                     help="require 'Authorization: Bearer KEY' (default: $PYINFER_API_KEY, else none)")
     sv.add_argument("--threads", "-t", type=int, default=None, help="threads (default: all cores)")
@@ -278,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`pyinfer info | head`): not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stops the flush at exit from failing
         return 0
-    except (GGUFError, ModelNotFoundError, RuntimeError, ValueError) as e:
+    except (GGUFError, ModelNotFoundError, RuntimeError, ValueError, MemoryError) as e:
         print(f"pyinfer {args.command}: error: {e}", file=sys.stderr)
         return 1
 

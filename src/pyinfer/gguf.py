@@ -3,6 +3,14 @@
 The reader validates every count, length, type and offset against the size of the file
 before it uses or allocates anything it would size, and raises `GGUFError` naming the
 field and its byte offset. Tensor data are zero-copy NumPy views of the mapped file.
+
+A tensor whose data would extend past the end of the file is refused when the file is
+opened. After that the mapping is only as sound as the file under it: `check_unchanged()`
+(called by the model before every forward pass) turns a file truncated, grown or written in
+place since it was opened into a GGUFError instead of a SIGBUS or silently changed weights.
+What it cannot cover: a truncation between that check and the reads of the pass it guards
+still raises SIGBUS (the repacked copies of the quantized matrices are in memory; the rest
+is read through the mapping). A file replaced by rename is safe: the old data stay mapped.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import mmap
 import os
 import stat
 import struct
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,6 +70,11 @@ _PLAIN_DTYPES: dict[GGMLType, np.dtype] = {
 # Smallest possible records, used to bound counts by what the file could hold.
 _MIN_KV_BYTES = 8 + 1 + 4 + 1  # key length, 1-byte key, value type, 1-byte value
 _MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 8 + 4 + 8  # name length, name, n_dims, 1 dim, type, offset
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What tells one state of a file from another: device, inode, size, modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def tensor_nbytes(shape: Iterable[int], ggml_type: int) -> int:
@@ -162,6 +176,10 @@ class GGUFReader:
         self.path = Path(path)
         # Non-blocking, so a FIFO (which would wait for a writer) is seen and refused at once.
         fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        # The descriptor stays open for the reader's life: fstat on it sees the very file that
+        # is mapped (check_unchanged), whatever is renamed over its path since.
+        self._fd_closer = weakref.finalize(self, os.close, fd)
+        self._fd = fd
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -174,9 +192,11 @@ class GGUFReader:
                     f"{self.path}: GGUF header: file is {self.file_size} bytes, too short for a GGUF "
                     "header (24 bytes)"
                 )
+            self._identity = _identity(st)
             self._mmap = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
+        except BaseException:
+            self._fd_closer()
+            raise
         self._buf = memoryview(self._mmap)
         self.metadata: dict[str, Any] = {}
         self.metadata_types: dict[str, tuple[ValueType, ...]] = {}
@@ -187,6 +207,34 @@ class GGUFReader:
         except GGUFError as e:  # every message: the file, that it is a GGUF problem, then the field
             self.close()
             raise GGUFError(f"{self.path}: malformed GGUF file: {e}") from None
+        try:
+            self.check_unchanged()  # written to while it was parsed: what was read may be torn
+        except GGUFError:
+            self.close()
+            raise
+
+    # -- the file under the mapping ----------------------------------------------------------
+
+    def check_unchanged(self) -> None:
+        """GGUFError if the mapped file changed since it was opened: truncated (reading the
+        mapping past its new end would kill the process with SIGBUS), grown, or written in
+        place (the mapped weights would change under the model). A file replaced by rename
+        (as GGUFWriter and most downloaders write) is not a change: the mapping keeps the
+        old file's data. One fstat: cheap enough to call before every forward pass."""
+        if not self._fd_closer.alive:
+            raise GGUFError(f"{self.path}: the GGUF reader is closed")
+        now = _identity(os.fstat(self._fd))
+        if now == self._identity:
+            return
+        size0, size1 = self._identity[2], now[2]
+        if size1 < size0:
+            what = (f"truncated from {size0} to {size1} bytes (the weights past the new end are gone; "
+                    "reading them would crash the process)")
+        elif size1 > size0:
+            what = f"grown from {size0} to {size1} bytes"
+        else:
+            what = "modified in place (its modification time changed): the mapped weights may have changed"
+        raise GGUFError(f"{self.path}: the GGUF file changed after it was loaded: {what}; load it again")
 
     # -- parsing -----------------------------------------------------------------------------
 
@@ -407,7 +455,10 @@ class GGUFReader:
             self._buf.release()
             self._mmap.close()
         except BufferError:
-            pass  # arrays still view the file; the mapping goes when the last one is freed
+            # Arrays still view the file; the mapping goes when the last one is freed, and the
+            # descriptor (for check_unchanged on their behalf) with the reader.
+            return
+        self._fd_closer()
 
     def __enter__(self) -> GGUFReader:
         return self

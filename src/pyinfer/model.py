@@ -17,6 +17,7 @@ import numpy as np
 from pyinfer import _C
 from pyinfer.arch import Config, describe
 from pyinfer.chat import ChatTemplate
+from pyinfer.errors import ParameterTypeError
 from pyinfer.gguf import GGUFReader
 from pyinfer.registry import ModelArg, resolve_model
 from pyinfer.sampling import logsumexp
@@ -35,9 +36,16 @@ def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _check_positive_int(name: str, value: object) -> int:
+# Token counts (n_ctx, n_batch) are 32-bit throughout, as SamplingParams' are: a larger one is
+# refused by name here instead of overflowing a size further down.
+MAX_TOKENS = 2**31 - 1
+
+
+def _check_positive_int(name: str, value: object, limit: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if limit is not None and value > limit:
+        raise ValueError(f"{name} must be in [1, {limit}], got {value!r}")
     return int(value)
 
 
@@ -109,6 +117,7 @@ class Context:
         [len(ids), n_vocab]. The last-token row is a view reused by the next call."""
         a = self._ids(ids)
         m = self.model
+        m.reader.check_unchanged()  # a GGUFError instead of a SIGBUS on a truncated file
         out = np.empty((a.size, m.n_vocab), np.float32) if all_logits else self._last
         for start in range(0, a.size, self.n_batch):
             chunk = a[start : start + self.n_batch]
@@ -131,7 +140,11 @@ class Context:
 
     def truncate(self, n: int) -> None:
         """Forget positions >= n (the KV cache keeps the first n)."""
-        self._ctx.truncate(n)
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise ParameterTypeError(f"truncate takes an int length, not {type(n).__name__}")
+        if n < 0:
+            raise ValueError(f"truncate takes a length >= 0, got {n}")
+        self._ctx.truncate(min(int(n), self.n_ctx))
 
     def reset(self) -> None:
         """Empty the sequence."""
@@ -194,6 +207,7 @@ class Batch:
             bad = int(ids[(ids < 0) | (ids >= m.n_vocab)][0])
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {m.n_vocab})")
         out = np.empty((len(ctxs), m.n_vocab), np.float32)
+        m.reader.check_unchanged()  # a GGUFError instead of a SIGBUS on a truncated file
         self._batch.step([c._ctx for c in ctxs], np.ascontiguousarray(ids, np.int32), counts, out,
                          m.precision, m.n_threads)
         return out
@@ -225,7 +239,9 @@ class Model:
             self.config = dataclasses.replace(self.config, rope_freq_scale=float(rope_freq_scale))
         self.precision = _check_choice("precision", precision, PRECISIONS)
         self.kv_dtype = _check_choice("kv_dtype", kv_dtype, KV_DTYPES)
-        self.n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else min(self.config.n_ctx_train, 4096))
+        self.n_ctx = _check_positive_int(
+            "n_ctx", n_ctx if n_ctx is not None else min(self.config.n_ctx_train, 4096), MAX_TOKENS
+        )
         self.n_threads = _check_positive_int("n_threads", n_threads if n_threads is not None else default_threads())
         cores = default_threads()
         if self.n_threads > cores:
@@ -233,10 +249,12 @@ class Model:
             warnings.warn(f"n_threads={self.n_threads} exceeds the {cores} cores this process may use: "
                           f"using {cores}", RuntimeWarning, stacklevel=2)
             self.n_threads = cores
-        self.n_batch = _check_positive_int("n_batch", n_batch)
+        self.n_batch = _check_positive_int("n_batch", n_batch, MAX_TOKENS)
         # The most a context may take (KV cache + scratch): None, the memory available when it is made.
         self.memory_limit = None if memory_limit is None else _check_positive_int("memory_limit", memory_limit)
         self._tokenizer: Tokenizer | None = None
+        if repack is not None and not isinstance(repack, (bool, np.bool_)):
+            raise ParameterTypeError(f"repack must be True, False or None (the ISA's choice), not {repack!r}")
         if repack is None:
             # The interleaved layout has SIMD kernels on the AVX2 and AVX-512 paths, several
             # times faster there than blocks as stored; the scalar path keeps the blocks.
@@ -246,6 +264,7 @@ class Model:
             t = reader.tensors[name]
             tensors[name] = (reader.tensor(name), int(t.type), t.n_elements // t.shape[0], t.shape[0])
         self._native = _C.Model(self.config.architecture, self.config.params(), tensors, bool(repack))
+        reader.check_unchanged()  # repacking read the whole file: it must be what was validated
         self._chat_template: ChatTemplate | None = None
         # Compute scratch of decode_batch (activations for B rows, no sequence state), grown
         # to the largest batch seen; one step at a time.
@@ -297,8 +316,10 @@ class Model:
         """A new sequence with its own KV cache. n_batch (tokens per forward call) is capped at
         n_ctx. MemoryError, before allocating, if the context needs more than the model's
         memory_limit (default: the memory available now)."""
-        n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else self.n_ctx)
-        n_batch = min(n_ctx, _check_positive_int("n_batch", n_batch if n_batch is not None else self.n_batch))
+        n_ctx = _check_positive_int("n_ctx", n_ctx if n_ctx is not None else self.n_ctx, MAX_TOKENS)
+        n_batch = min(
+            n_ctx, _check_positive_int("n_batch", n_batch if n_batch is not None else self.n_batch, MAX_TOKENS)
+        )
         need = self.context_nbytes(n_ctx, n_batch)
         limit = self.memory_limit if self.memory_limit is not None else available_memory()
         if limit is not None and need > limit:

@@ -162,6 +162,9 @@ def resolve_model(model: ModelArg = None, *, download: bool = True) -> Path:
     if p.is_file():
         return p
     if _looks_like_path(s):
+        if p.exists():
+            kind = "a directory" if p.is_dir() else "not a regular file"
+            raise ModelNotFoundError(f"{s} is not a GGUF file: it is {kind}")
         raise ModelNotFoundError(f"no such GGUF file: {s}")
     m = _known(s)
     found = installed_path(m)

@@ -202,6 +202,14 @@ class StreamDecoder:
         return self._utf8.getstate()[0]
 
 
+def _surrogate_error(text: str) -> UnicodeEncodeError:
+    """The error for a text UTF-8 cannot encode, at its first lone surrogate's index in the
+    whole text (the encoder saw one piece of it)."""
+    at = next((i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF), 0)
+    return UnicodeEncodeError("utf-8", text, at, at + 1, "a lone surrogate: only valid Unicode text can be tokenized "
+                              "(decode bytes with errors='replace' first)")
+
+
 def _check_id(i: int, n: int) -> int:
     if not 0 <= i < n:
         raise ValueError(f"token id {i} is out of range for a vocabulary of {n}")
@@ -407,6 +415,8 @@ class Tokenizer:
         """
         if not isinstance(text, str):
             raise TypeError(f"tokenize() takes a str, not {type(text).__name__}")
+        if add_bos is not None and not isinstance(add_bos, bool):
+            raise TypeError(f"add_bos must be True, False or None (the file's choice), not {add_bos!r}")
         if add_bos is None:
             add_bos = self.add_bos
         out: list[int] = []
@@ -415,6 +425,13 @@ class Tokenizer:
                 raise ValueError("add_bos=True, but this vocabulary has no BOS token")
             out.append(self.bos_id)
         specials = self._special_all if special else self._special_user
+        try:
+            self._encode_into(text, specials, out)
+        except UnicodeEncodeError:
+            raise _surrogate_error(text) from None
+        return out
+
+    def _encode_into(self, text: str, specials: list[tuple[str, int]], out: list[int]) -> None:
         encode = self._encoder.encode
         if self.add_space_prefix:
             prev_special = True  # llama.cpp: the first fragment, and each after a token, gets a space
@@ -433,7 +450,6 @@ class Tokenizer:
                     encode(piece, out)
         else:
             encode(text, out)
-        return out
 
     # -- decoding ---------------------------------------------------------------------------
 
@@ -445,12 +461,20 @@ class Tokenizer:
         The bytes may end inside a UTF-8 character; use decoder() to stream text.
         """
         pieces = self._pieces if special else self._pieces_plain
+        if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Iterable):
+            raise TypeError(f"token ids must be a sequence of ints, not {type(ids).__name__}")
         if not isinstance(ids, list):
             ids = list(ids)
-        if ids and (min(ids) < 0 or max(ids) >= len(pieces)):
-            bad = next(i for i in ids if not 0 <= i < len(pieces))
-            _check_id(bad, len(pieces))
-        return b"".join([pieces[i] for i in ids])
+        try:
+            if ids and (min(ids) < 0 or max(ids) >= len(pieces)):
+                bad = next(i for i in ids if not 0 <= i < len(pieces))
+                _check_id(bad, len(pieces))
+            return b"".join([pieces[i] for i in ids])
+        except TypeError:  # diagnosed here, off the common path
+            bad = next(((p, i) for p, i in enumerate(ids) if not hasattr(i, "__index__")), None)
+            if bad is None:
+                raise
+            raise TypeError(f"token ids must be ints: item {bad[0]} is {bad[1]!r} ({type(bad[1]).__name__})") from None
 
     def decoder(self, special: bool = True) -> StreamDecoder:
         """An incremental decoder: feed it ids, get text at complete characters only."""

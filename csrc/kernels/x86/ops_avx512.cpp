@@ -25,6 +25,8 @@ inline __mmask16 lanes(int64_t r) {
 inline __m512 exp512(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.33654f);
   const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);  // stays NaN, as std::exp
+  const __m512 x_in = x;
   x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.3762626647949f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -37,7 +39,7 @@ inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n));
+  return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n)), nan, x_in);
 }
 
 void rms_norm_f32_avx512(const float* x, const float* w, float* out, int64_t n, float eps) {
