@@ -22,7 +22,13 @@ int64_t int8_peak_avx512(int64_t n_iter, int32_t* sink) {
   }
   __m512i r = acc[0];
   for (int i = 1; i < 12; ++i) r = _mm512_add_epi32(r, acc[i]);
-  *sink = _mm512_reduce_add_epi32(r);
+  // The lanes wrap after billions of steps: sum them as unsigned (a signed sum would be
+  // undefined behaviour), the value only has to be kept.
+  alignas(64) uint32_t lanes[16];
+  _mm512_store_si512(lanes, r);
+  uint32_t total = 0;
+  for (uint32_t v : lanes) total += v;
+  *sink = static_cast<int32_t>(total);
   return n_iter * 12 * 64;
 }
 
