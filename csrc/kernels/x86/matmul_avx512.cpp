@@ -20,6 +20,19 @@
 #define PYINFER_INLINE static inline __attribute__((always_inline))
 
 namespace pyinfer {
+
+namespace {
+
+// The sum of v's 16 int32 lanes, wrapping like the lanes' own adds.
+PYINFER_INLINE int32_t hsum_epi32(__m512i v) {
+  __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+  return _mm_cvtsi128_si32(t);
+}
+
+}  // namespace
 namespace {
 
 PYINFER_INLINE float hsum8(__m256 v) {
@@ -58,8 +71,10 @@ void quantize_act_avx512(const float* x, block_q8a* dst, int64_t k) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[ib].qs + 16), _mm512_cvtepi32_epi8(q1));
     int h = 0;
     if (split) dst[ib].qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
-    const int32_t sum_lo = _mm512_reduce_add_epi32(q0);
-    act_finish(dst[ib], amax, sum_lo + _mm512_reduce_add_epi32(q1), sum_lo, h, jo);
+    // Sums in vector lanes, which wrap (a row holding inf or NaN converts to INT_MIN lanes):
+    // equal to the exact sums whenever those fit, never undefined behaviour.
+    const int32_t sum_lo = hsum_epi32(q0);
+    act_finish(dst[ib], amax, hsum_epi32(_mm512_add_epi32(q0, q1)), sum_lo, h, jo);
   }
 }
 
