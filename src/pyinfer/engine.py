@@ -63,7 +63,7 @@ import numpy as np
 
 from pyinfer.errors import OverloadedError, ParameterTypeError
 from pyinfer.model import Batch
-from pyinfer.request import CancelToken, Completion, CompletionChunk, Request, prompt_and_params
+from pyinfer.request import CancelToken, Completion, CompletionChunk, Request, common_prefix, prompt_and_params
 
 if TYPE_CHECKING:
     from pyinfer.model import Context, Model
@@ -250,14 +250,6 @@ class _Seq:
         self.prefill_s = 0.0
         self.next_token: int | None = None  # sampled, to be evaluated by the next step
         self.tokens: list[int] = self.prefill[:cached]  # what ctx holds, position by position
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
-    return int(diff[0]) if diff.size else n
 
 
 class Engine:
@@ -564,7 +556,7 @@ class Engine:
             return None, 0
         candidates = [(s.ctx, s.tokens) for s in self._running] + list(self._idle.items())
         for ctx, toks in candidates:
-            n = min(_common_prefix(toks, prompt), limit) // self.prefix_block * self.prefix_block
+            n = min(common_prefix(toks, prompt), limit) // self.prefix_block * self.prefix_block
             if n > best_n:
                 best, best_n = ctx, n
         return best, best_n

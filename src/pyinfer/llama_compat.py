@@ -93,6 +93,7 @@ from pyinfer.errors import ContextOverflowError, ParameterTypeError
 from pyinfer.generate import CompletionChunk, generate
 from pyinfer.model import Model
 from pyinfer.registry import resolve_model
+from pyinfer.request import common_prefix
 from pyinfer.sampling import Sampler, SamplingParams, TokenLogprob, log_softmax
 from pyinfer.tokenizer import Tokenizer
 from pyinfer.tools import parse_tool_call, parse_tools, tool_call_schema
@@ -217,15 +218,6 @@ def _token_list(tokens: Any, what: str) -> list[int]:
     return out
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _not_implemented(name: str, value: Any, default: Any) -> None:
     """Refuse a value other than the default (off) for a feature pyinfer does not have."""
     differs = value is not None if default is None else value != default
@@ -341,7 +333,7 @@ class LlamaRAMCache:
         """The cached key sharing the longest prefix with key (None: none shares a token)."""
         best, best_n = None, 0
         for k in self._states:
-            n = _common_prefix(k, key)
+            n = common_prefix(k, key)
             if n > best_n:
                 best, best_n = k, n
         return best
@@ -733,7 +725,7 @@ class Llama:
         stopping = _hook_list(stopping_criteria, StoppingCriteriaList, "stopping_criteria")
         if reset:
             self._close_stream()
-            keep = min(_common_prefix(self.input_ids[: self.n_tokens].tolist(), ids), len(ids) - 1)
+            keep = min(common_prefix(self.input_ids[: self.n_tokens], ids), len(ids) - 1)
             self.n_tokens = max(keep, 0)
             ids = ids[self.n_tokens:]
         while True:
@@ -952,10 +944,10 @@ class Llama:
         prompt_rows = bool(echo) and logprobs is not None
         if self.cache is not None and ids in self.cache:
             st = self.cache[ids]
-            here = _common_prefix(self.input_ids[: self.n_tokens].tolist(), ids)
-            if _common_prefix(st.input_ids.tolist(), ids) > here:
+            here = common_prefix(self.input_ids[: self.n_tokens], ids)
+            if common_prefix(st.input_ids, ids) > here:
                 self.load_state(st)
-        cached = min(_common_prefix(self.input_ids[: self.n_tokens].tolist(), ids), len(ids) - 1)
+        cached = min(common_prefix(self.input_ids[: self.n_tokens], ids), len(ids) - 1)
         if prompt_rows and not self._logits_all:
             cached = 0
         self.n_tokens = cached

@@ -193,6 +193,15 @@ def prompt_and_params(
     return ids, params, constraint
 
 
+def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
+    """How many leading tokens two token sequences share."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(diff[0]) if diff.size else n
+
+
 def _prompt_list(prompt_ids: Sequence[int] | np.ndarray, n_vocab: int) -> list[int]:
     if isinstance(prompt_ids, (str, bytes)):
         raise ParameterTypeError("prompt_ids must be token ids: tokenize the text first")
