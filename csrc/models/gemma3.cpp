@@ -4,7 +4,6 @@
 // the block's output, residual; the same norms around a GeGLU feed-forward; final norm, tied
 // output head, optional logit soft-cap. The norms' weights are used as the file stores them
 // (llama.cpp's converter writes Gemma's 1 + w).
-#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -155,11 +154,8 @@ void Gemma3Model::forward(const std::vector<Segment>& segs, int64_t n_rows, Scra
     });
   }
   // Output head, only for the rows whose logits are wanted.
-  for (int64_t i = 0; i < n_out; ++i) rms_norm_rows(x + out_rows[i] * E, output_norm_, xn + i * E, 1, E, eps);
-  if (hidden != nullptr) std::copy(xn, xn + n_out * E, hidden);
-  if (logits == nullptr) return;
-  matmul(output_, xn, n_out, logits, precision, n_threads);
-  if (softcap_ > 0)
+  output_head(x, out_rows, n_out, output_norm_, eps, output_, xn, logits, hidden, precision, n_threads);
+  if (softcap_ > 0 && logits != nullptr)
     for_rows(n_threads, n_out,
              [&](int64_t r0, int64_t n) { softcap_vec(logits + r0 * c.n_vocab, n * c.n_vocab, softcap_); });
 }

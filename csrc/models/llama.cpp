@@ -2,7 +2,6 @@
 // grouped-query attention, output projection, residual, RMSNorm, SwiGLU FFN; final norm, output
 // head): its config, the tensors it reads, and its forward pass, one call per prefill chunk or
 // decode step.
-#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -160,9 +159,7 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
     });
   }
   // Output head, only for the rows whose logits are wanted.
-  for (int64_t i = 0; i < n_out; ++i) rms_norm_rows(x + out_rows[i] * E, output_norm_, xn + i * E, 1, E, eps);
-  if (hidden != nullptr) std::copy(xn, xn + n_out * E, hidden);
-  if (logits != nullptr) matmul(output_, xn, n_out, logits, precision, n_threads);
+  output_head(x, out_rows, n_out, output_norm_, eps, output_, xn, logits, hidden, precision, n_threads);
 }
 
 std::shared_ptr<const Model> make_llama(const Params& p, TensorMap& t, bool repack) {

@@ -4,6 +4,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -168,6 +169,15 @@ void Model::matmul(const WeightRef& w, const float* x, int64_t M, float* y, Prec
     matmul_packed(x, M, w.cols, w.packed, w.type, w.rows, y, precision, n_threads);
   else
     pyinfer::matmul(x, M, w.cols, w.data, w.type, w.rows, y, precision, n_threads);
+}
+
+void Model::output_head(const float* x, const int64_t* out_rows, int64_t n_out, const float* norm, float eps,
+                        const WeightRef& output, float* xn, float* logits, float* hidden, Precision precision,
+                        int n_threads) const {
+  const int64_t E = dims_.n_embd;
+  for (int64_t i = 0; i < n_out; ++i) rms_norm_rows(x + out_rows[i] * E, norm, xn + i * E, 1, E, eps);
+  if (hidden != nullptr) std::copy(xn, xn + n_out * E, hidden);
+  if (logits != nullptr) matmul(output, xn, n_out, logits, precision, n_threads);
 }
 
 bool fusable(const std::vector<const WeightRef*>& parts) {

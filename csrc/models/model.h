@@ -112,6 +112,14 @@ class Model {
   static void matmul(const WeightRef& w, const float* x, int64_t M, float* y, Precision precision, int n_threads);
 
  protected:
+  // The output head for the rows out_rows[] of the residual stream x [n_rows][n_embd]: each
+  // normed with norm into xn [n_out][n_embd], copied to hidden when given, then projected
+  // by output into logits [n_out][n_vocab] when given.
+  void output_head(const float* x, const int64_t* out_rows, int64_t n_out, const float* norm, float eps,
+                   const WeightRef& output, float* xn, float* logits, float* hidden, Precision precision,
+                   int n_threads) const;
+
+ protected:
   explicit Model(const ModelDims& dims) : dims_(dims) {}
 
   // One matrix to repack, and the fused matrix it starts or belongs to (or nullptr): parts of
