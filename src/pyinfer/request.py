@@ -454,7 +454,6 @@ class Request:
 
         self.params = params
         self.sampler = Sampler(params, tokenizer.vocab_size)
-        self.tokenizer_vocab = tokenizer.vocab_size
         if constraint is not None:
             from pyinfer.constraint import Constraint
 
@@ -616,8 +615,9 @@ class Request:
     def _processed(self, logits: np.ndarray) -> np.ndarray:
         assert self.logits_processor is not None
         out = np.asarray(self.logits_processor(np.array(self.history, np.int32), np.array(logits, np.float32)))
-        if out.shape != (self.tokenizer_vocab,):
-            raise ValueError(f"logits_processor returned shape {out.shape}, not ({self.tokenizer_vocab},)")
+        n = self.sampler.n_vocab
+        if out.shape != (n,):
+            raise ValueError(f"logits_processor returned shape {out.shape}, not ({n},)")
         return np.ascontiguousarray(out, np.float32)
 
     def _chunk(self, text: str) -> CompletionChunk:
