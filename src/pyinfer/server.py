@@ -491,13 +491,15 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         for t in items:
             if isinstance(t, list) and not all(0 <= i < model.n_vocab for i in t):
                 raise _bad("input", f"a token id is outside the vocabulary [0, {model.n_vocab})")
+        # Tokenized once here: the engine embeds the ids, and usage counts them.
+        ids = await run_in_threadpool(lambda: [t if isinstance(t, list) else tokenizer.tokenize(t) for t in items])
         try:
-            vecs = await asyncio.wrap_future(engine.embed(items))
+            vecs = await asyncio.wrap_future(engine.embed(ids))
         except ContextOverflowError as e:
             raise APIError(400, str(e), param="input", code="context_length_exceeded") from None
         except ValueError as e:
             raise _bad("input", str(e)) from None
-        n = sum(len(t) if isinstance(t, list) else len(tokenizer.tokenize(t)) for t in items)
+        n = sum(map(len, ids))
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v.tolist()}
                 for i, v in enumerate(vecs)]
