@@ -116,27 +116,27 @@ class Context:
         cache. Returns the last token's logits [n_vocab], or with all_logits every token's
         [len(ids), n_vocab]. The last-token row is a view reused by the next call."""
         a = self._ids(ids)
-        m = self.model
-        m.reader.check_unchanged()  # a GGUFError instead of a SIGBUS on a truncated file
-        out = np.empty((a.size, m.n_vocab), np.float32) if all_logits else self._last
-        for start in range(0, a.size, self.n_batch):
-            chunk = a[start : start + self.n_batch]
-            if all_logits:
-                self._ctx.eval(chunk, out[start : start + chunk.size], True, m.precision, m.n_threads)
-            else:
-                self._ctx.eval(chunk, out, False, m.precision, m.n_threads)
+        out = np.empty((a.size, self.model.n_vocab), np.float32) if all_logits else self._last
+        self._run(self._ctx.eval, a, out, all_logits)
         return out if all_logits else out[0]
 
     def hidden(self, ids: Any) -> np.ndarray:
         """Run ids at positions n_past.. like eval, returning every token's final hidden state
         (after the output norm: what the output head reads) [len(ids), n_embd]."""
         a = self._ids(ids)
+        out = np.empty((a.size, self.model.config.n_embd), np.float32)
+        self._run(self._ctx.embed, a, out, True)
+        return out
+
+    def _run(self, native: Any, a: np.ndarray, out: np.ndarray, all_rows: bool) -> None:
+        """a through `native` (the sequence's eval or embed) in chunks of n_batch, writing
+        every row of out (all_rows) or its one row after each chunk."""
         m = self.model
-        out = np.empty((a.size, m.config.n_embd), np.float32)
+        m.reader.check_unchanged()  # a GGUFError instead of a SIGBUS on a truncated file
         for start in range(0, a.size, self.n_batch):
             chunk = a[start : start + self.n_batch]
-            self._ctx.embed(chunk, out[start : start + chunk.size], True, m.precision, m.n_threads)
-        return out
+            rows = out[start : start + chunk.size] if all_rows else out
+            native(chunk, rows, all_rows, m.precision, m.n_threads)
 
     def truncate(self, n: int) -> None:
         """Forget positions >= n (the KV cache keeps the first n)."""
