@@ -22,7 +22,7 @@ from pyinfer.gguf import GGUFReader
 from pyinfer.model import Model
 from pyinfer.quantize import TARGET_TYPES, derived_path, quantize_model
 
-STUDIES = ["ceiling", "roofline", "formats", "context", "batch", "prefill", "model_size", "peers", "speculative"]
+STUDIES = ["ceiling", "roofline", "formats", "context", "batch", "contention", "prefill", "model_size", "peers", "speculative"]
 
 # Relative bound on |logits - source logits| / max |source logits| after re-quantizing the
 # tiny model's matrices: float formats lose only rounding, the 4-bit block formats a lot
@@ -81,7 +81,7 @@ def test_every_study_writes_json_and_markdown(bench_out: Path) -> None:
 
 def test_plots_when_matplotlib_is_there(bench_out: Path) -> None:
     pytest.importorskip("matplotlib")
-    for study in ("ceiling", "roofline", "formats", "context", "batch", "prefill", "model_size"):
+    for study in ("ceiling", "roofline", "formats", "context", "batch", "contention", "prefill", "model_size"):
         assert (bench_out / f"{study}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -435,3 +435,19 @@ def test_speculative_report_is_consistent(bench_out: Path) -> None:
         assert r["speedup"] == pytest.approx(r["draft_tokens_per_s"] / r["plain_tokens_per_s"])
         assert 0 <= r["draft_accepted"] <= r["draft_tokens"]
     assert set(rep["geomean_speedup"]) == {"grounded", "open"}
+
+
+def test_contention_report_is_consistent(bench_out: Path) -> None:
+    rep = _load(bench_out, "contention")
+    if len(os.sched_getaffinity(0)) < 2:
+        assert "skipped" in rep and "2 or more cores" in rep["skipped"]
+        return
+    rows = {(r["condition"], r["threads"]): r for r in rep["rows"]}
+    assert set(rows) == {(c, t) for c in ("idle", "one core busy") for t in (1, 2)}
+    for r in rows.values():
+        assert r["tokens_per_s"] == median(r["tokens_per_s_samples"]) > 0
+        assert len(r["tokens_per_s_samples"]) == 2  # quick: two repeats
+    for c, ratio in rep["ratios"].items():
+        assert ratio == pytest.approx(rows[(c, 2)]["tokens_per_s"] / rows[(c, 1)]["tokens_per_s"])
+    assert rep["target_met"] == (rep["ratios"]["one core busy"] >= 1.0)
+    assert rep["competitor_cpu"] in os.sched_getaffinity(0)

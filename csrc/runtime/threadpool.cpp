@@ -38,10 +38,13 @@ class Pool {
     grow(n_threads - 1);
     fn_ = fn;
     ctx_ = ctx;
-    pending_.store(n_threads - 1, std::memory_order_relaxed);
+    job_ = (job_ + kGenStep) & ~kThreadsMask;
+    done_.store(0, std::memory_order_relaxed);
+    // Open for joining: written before the job is published, so a worker that sees the new
+    // generation sees this job's number here (or a later one, and then takes no part).
+    join_.store(job_number(job_), std::memory_order_relaxed);
     // Publishes the job. The thread count travels in the same word, so a worker that takes
     // no part reads nothing else, and cannot see a later job's fields with this generation.
-    job_ = (job_ + kGenStep) & ~kThreadsMask;
     generation_.store(job_ | static_cast<uint64_t>(n_threads), std::memory_order_seq_cst);
     if (sleepers_.load(std::memory_order_seq_cst) > 0) {
       // Taking the lock orders this notify after any worker's check-then-wait.
@@ -53,8 +56,14 @@ class Pool {
     in_job_ = true;
     fn(ctx, 0, n_threads);
     in_job_ = false;
-    // The other threads' work is about as long as ours: spin, then yield the core.
-    for (int i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) {
+    // Closes the job: a worker that has not joined by now (descheduled by another process,
+    // or still waking up) takes no part, and is not waited for. Jobs hand out their work on
+    // demand (parallel_for), so by the time the caller's share returns there is nothing left
+    // for a latecomer, and waiting for it would cost up to a scheduler time slice per job,
+    // hundreds of times per decode step, whenever another process holds its core.
+    const uint64_t joined = join_.fetch_or(kClosed, std::memory_order_acq_rel) & kJoinedMask;
+    // Those that joined are running; their work is about as long as ours: spin, then yield.
+    for (int i = 0; done_.load(std::memory_order_acquire) != joined; ++i) {
       if (i < 4096)
         cpu_relax();
       else
@@ -110,11 +119,22 @@ class Pool {
       if (gen == seen) return;  // stopped
       seen = gen;
       const int n_threads = static_cast<int>(gen & kThreadsMask);
-      if (tid < n_threads) {
+      if (tid < n_threads && join(gen)) {
         fn_(ctx_, tid, n_threads);
-        pending_.fetch_sub(1, std::memory_order_release);
+        done_.fetch_add(1, std::memory_order_release);
       }
     }
+  }
+
+  // Joins job `gen` unless it is closed (or over, a later job now open): true if this
+  // worker takes part, and the caller then waits for it.
+  bool join(uint64_t gen) {
+    const uint64_t number = job_number(gen);
+    uint64_t s = join_.load(std::memory_order_acquire);
+    while ((s & ~kJoinedMask) == number) {
+      if (join_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
+    }
+    return false;
   }
 
   // Returns the new generation, or `seen` when the worker is told to stop.
@@ -146,7 +166,13 @@ class Pool {
   static constexpr uint64_t kThreadsMask = kGenStep - 1;
   uint64_t job_ = 0;  // the counter part, written under job_mutex_
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};  // workers of the current job not yet done
+  // join_ = the open job's number (job_number) | kClosed once the caller's share is done |
+  // how many workers joined it; done_ = how many of those have finished.
+  static constexpr uint64_t kJoinedMask = kThreadsMask;
+  static constexpr uint64_t kClosed = kGenStep;
+  static uint64_t job_number(uint64_t gen) { return (gen / kGenStep) * (2 * kClosed); }
+  std::atomic<uint64_t> join_{0};
+  std::atomic<uint64_t> done_{0};
   std::mutex sleep_mutex_;
   std::condition_variable sleep_cv_;
   std::atomic<int> sleepers_{0};

@@ -18,10 +18,14 @@
 
 namespace pyinfer {
 
-// fn(ctx, tid, n_threads) runs once on each of n_threads threads; tid 0 is the caller.
+// fn(ctx, tid, n_threads) runs once on the caller (tid 0) and once on each worker (tid 1 to
+// n_threads - 1) that joins the job before the caller's own call returns.
 using PoolJobFn = void (*)(void* ctx, int tid, int n_threads);
 
-// Runs a job on n_threads threads (the caller is thread 0) and returns when all are done.
+// Runs a job on up to n_threads threads (the caller is thread 0) and returns when every
+// thread that took part is done. A worker that has not started by the time the caller's share
+// returns takes no part (its core may be held by another process), so fn must hand out its
+// work on demand, as parallel_for does: the caller alone may do all of it.
 // Grows the pool if it has fewer than n_threads - 1 workers. n_threads < 1 counts as 1.
 void pool_run(int n_threads, PoolJobFn fn, void* ctx);
 // Threads a job can use without growing the pool: workers + the caller.

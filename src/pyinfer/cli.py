@@ -245,7 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure decode against memory bandwidth; JSON, Markdown and plots")
     b.add_argument("studies", nargs="*", metavar="STUDY",
-                   help="ceiling roofline formats context batch prefill model_size peers speculative serve "
+                   help="ceiling roofline formats context batch contention prefill model_size peers speculative serve "
                         "(default: all)")
     b.add_argument("--quick", action="store_true", help="short runs (under 2 minutes): a smoke test")
     b.add_argument("--out", default="bench-results", help="directory for the results (default: %(default)s)")

@@ -219,8 +219,28 @@ def plot_speculative(rep: dict[str, Any], path: Path) -> bool:
     return _save(fig, path)
 
 
+def plot_contention(rep: dict[str, Any], path: Path) -> bool:
+    """Decode tokens/s per condition, a bar per thread count."""
+    rows = rep.get("rows")
+    if not rows:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    conditions = list(dict.fromkeys(r["condition"] for r in rows))
+    threads = sorted({r["threads"] for r in rows})
+    width = 0.8 / len(threads)
+    for i, t in enumerate(threads):
+        ys = [next(r["tokens_per_s"] for r in rows if r["condition"] == c and r["threads"] == t) for c in conditions]
+        ax.bar([j + i * width for j in range(len(conditions))], ys, width, label=f"{t} thread{'s' if t > 1 else ''}")
+    ax.set_xticks([j + width * (len(threads) - 1) / 2 for j in range(len(conditions))], conditions)
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title("Decode with a core shared")
+    ax.legend()
+    return _save(fig, path)
+
+
 PLOTS: dict[str, Callable[[dict[str, Any], Path], bool]] = {
     "ceiling": plot_ceiling, "roofline": plot_roofline, "formats": plot_formats, "context": plot_context,
     "batch": plot_batch, "prefill": plot_prefill, "model_size": plot_model_size, "peers": plot_peers,
-    "speculative": plot_speculative, "serve": plot_serve,
+    "speculative": plot_speculative, "serve": plot_serve, "contention": plot_contention,
 }

@@ -30,6 +30,7 @@ from pyinfer.bench.engines import (
     peer_makers,
     resident_memory,
 )
+from pyinfer.bench.contention import study_contention
 from pyinfer.bench.serve import study_serve
 from pyinfer.bench.speculative import study_speculative
 from pyinfer.bench.synthetic import PRESETS, synthetic_model
@@ -717,6 +718,7 @@ STUDIES = {
     "formats": study_formats,
     "context": study_context,
     "batch": study_batch,
+    "contention": study_contention,
     "prefill": study_prefill,
     "model_size": study_model_size,
     "peers": study_peers,
