@@ -62,9 +62,10 @@ class Pool {
     // for a latecomer, and waiting for it would cost up to a scheduler time slice per job,
     // hundreds of times per decode step, whenever another process holds its core.
     const uint64_t joined = join_.fetch_or(kClosed, std::memory_order_acq_rel) & kJoinedMask;
-    // Those that joined are running; their work is about as long as ours: spin, then yield.
+    // Those that joined are running, most of them about to finish: spin briefly, then yield
+    // the core (to one of them, when another process has crowded them onto it).
     for (int i = 0; done_.load(std::memory_order_acquire) != joined; ++i) {
-      if (i < 4096)
+      if (i < 256)
         cpu_relax();
       else
         std::this_thread::yield();
@@ -145,6 +146,10 @@ class Pool {
       if (g != seen) return g;
       if (self->stop.load(std::memory_order_relaxed)) return seen;
       cpu_relax();
+      // Now and then offer the core to another runnable thread: when the caller shares this
+      // core (more runnable threads than cores), a worker that only spins takes half its
+      // time. With nothing else to run, the yield returns at once.
+      if ((i & 63) == 63) std::this_thread::yield();
       if ((i & 255) == 255 && std::chrono::steady_clock::now() > spin_until) break;
     }
     std::unique_lock<std::mutex> lk(sleep_mutex_);
