@@ -358,3 +358,20 @@ def test_int8_peak_probe():
             _C.int8_peak()
     finally:
         _C.set_isa(was)
+
+
+@pytest.mark.parametrize("tname", list(QTYPES))
+def test_unpacked_fast_against_packed(isa, tname):
+    """What _C.matmul's docstring states: unpacked fast Q8_0/Q4_0/Q4_1 on a SIMD path sum the
+    block products in another order than the packed kernels (float32 rounding apart); every
+    other type, and every type on the scalar path, gives the packed layout's bits."""
+    w_type = QTYPES[tname]
+    k, n = k_mid(w_type), 193
+    x, raw, _ = problem(w_type, k, n)
+    packed = _C.matmul(x, _C.repack(raw, w_type, n, k), w_type, n, k, precision="fast", packed=True)
+    unpacked = _C.matmul(x, raw, w_type, n, k, precision="fast")
+    if isa != "scalar" and w_type in (Q8_0, Q4_0, Q4_1):
+        rel = np.abs(unpacked - packed).max(axis=1) / np.abs(packed).max(axis=1)
+        assert 0 < rel.max() < 1e-5  # they differ, by float32 rounding
+    else:
+        np.testing.assert_array_equal(unpacked.view(np.uint32), packed.view(np.uint32))

@@ -60,22 +60,60 @@ OPS = {
 }
 
 
-# Known divergences, kept visible (strict: each fails the suite once fixed, to be unmarked).
-SILU_INF = pytest.mark.xfail(strict=True, reason="silu(-inf): the scalar g / (1 + exp(-g)) is -inf / inf = NaN, the "
-                             "SIMD exp clamps exp(inf) to a finite value and gives -inf")
-QUANT_SPECIAL = pytest.mark.xfail(strict=True, reason="a block quantized from a row holding inf or NaN has a "
-                                  "non-finite scale; the paths then differ in where NaN and inf land")
-
-
-@pytest.mark.parametrize("op", [pytest.param(op, marks=SILU_INF) if op == "swiglu" else op for op in OPS])
+@pytest.mark.parametrize("op", list(OPS))
 def test_row_ops_agree_on_special_values(op: str) -> None:
     _assert_same_pattern(_on_each_isa(OPS[op]))
 
 
+def test_silu_of_infinities_is_the_scalar_formula_on_every_path() -> None:
+    # g / (1 + exp(-g)): exp(inf) is inf on every path (not a clamped FLT_MAX), so -inf gives
+    # NaN, a large negative gate -0, and +inf gives inf.
+    g = np.array([-np.inf, -200.0, -90.0, 0.0, 90.0, np.inf, np.nan] + [1.0] * 9, np.float32)
+    out = _on_each_isa(lambda: _C.swiglu(g, np.ones_like(g)))
+    ref = out["scalar"]
+    assert np.isnan(ref[0]) and ref[1] == 0 and np.signbit(ref[1]) and ref[5] == np.inf and np.isnan(ref[6])
+    for isa, y in out.items():
+        np.testing.assert_array_equal(y[[0, 1, 3, 5, 6]], ref[[0, 1, 3, 5, 6]], err_msg=isa)
+        np.testing.assert_allclose(y[[2, 4]], ref[[2, 4]], rtol=1e-6, err_msg=isa)
+
+
+@pytest.mark.parametrize("tname", [t.name for t in TYPES if t.name.startswith("Q")])
+def test_quantize_refuses_non_finite_values(tname: str) -> None:
+    w = _special((16, 64), 2)
+    with pytest.raises(ValueError, match=r"value 5 is nan: .* blocks can only hold finite values"):
+        quantize(w, GGMLType[tname])
+    w[0, 5] = 0
+    with pytest.raises(ValueError, match=r"value 71 is inf"):
+        quantize(w, GGMLType[tname])
+
+
+@pytest.mark.parametrize("precision", ["exact", "fast"])
+@pytest.mark.parametrize("tname", [t.name for t in TYPES if t.name.startswith("Q")])
+def test_non_finite_block_scales_give_non_finite_outputs_in_the_same_places(tname: str, precision: str) -> None:
+    """Blocks as a file may hold them: scales of NaN, +inf and -inf (and an inf min for Q4_1).
+    Every path makes the same outputs non-finite; which of NaN and inf may differ (documented
+    in _C.matmul)."""
+    t = GGMLType[tname]
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 64)).astype(np.float32)
+    raw = quantize(rng.standard_normal((16, 64)).astype(np.float32), t).copy()
+    blocks = raw.reshape(32, -1)  # 16 rows of 2 blocks
+    bad_rows = {0: np.nan, 1: np.inf, 2: -np.inf}
+    for r, v in bad_rows.items():
+        blocks[2 * r + 1, :2] = np.frombuffer(np.float16(v).tobytes(), np.uint8)
+    if t == GGMLType.Q4_1:
+        blocks[6, 2:4] = np.frombuffer(np.float16(np.inf).tobytes(), np.uint8)  # row 3's min
+        bad_rows[3] = np.inf
+    out = _on_each_isa(lambda: _C.matmul(x, raw, int(t), 16, 64, precision=precision))
+    want = np.zeros((4, 16), bool)
+    want[:, list(bad_rows)] = True
+    for isa, y in out.items():
+        np.testing.assert_array_equal(~np.isfinite(y), want, err_msg=isa)
+
+
 @pytest.mark.parametrize("precision", ["exact", "fast"])
 @pytest.mark.parametrize(("where", "tname"), [("activations", t.name) for t in TYPES] + [
-    pytest.param("weights", t.name, marks=QUANT_SPECIAL) if t.name.startswith("Q") else ("weights", t.name)
-    for t in TYPES])
+    ("weights", t.name) for t in TYPES if not t.name.startswith("Q")])
 def test_matmul_agrees_on_special_values(where: str, tname: str, precision: str) -> None:
     t = GGMLType[tname]
     rng = np.random.default_rng(1)

@@ -32,83 +32,101 @@ enum GgmlType : uint32_t {
   GGML_TYPE_SLOTS = 40,  // size of per-type tables indexed by the id
 };
 
+// The block structs below have alignment 1: a caller's buffer may hold blocks at any byte
+// address (blocks are 18, 20, 22, ... bytes), and reading a field through a misaligned
+// pointer of a wider alignment is undefined behaviour, even where x86 tolerates the load.
+#if defined(__GNUC__)
+#define PYINFER_BLOCK __attribute__((packed))
+#else
+#define PYINFER_BLOCK
+#endif
+
 using fp16_t = uint16_t;  // IEEE half, raw bits
 using bf16_t = uint16_t;  // bfloat16, raw bits
 
 constexpr int QK4_0 = 32;
-struct block_q4_0 {
+struct PYINFER_BLOCK block_q4_0 {
   fp16_t d;               // scale
   uint8_t qs[QK4_0 / 2];  // low nibbles: elements 0..15, high nibbles: 16..31; value = (q - 8) * d
 };
 static_assert(sizeof(block_q4_0) == 18, "q4_0 block size");
+static_assert(alignof(block_q4_0) == 1, "block_q4_0 at any address");
 
 constexpr int QK4_1 = 32;
-struct block_q4_1 {
+struct PYINFER_BLOCK block_q4_1 {
   fp16_t d;               // scale
   fp16_t m;               // min; value = q * d + m
   uint8_t qs[QK4_1 / 2];  // same nibble order as q4_0
 };
 static_assert(sizeof(block_q4_1) == 20, "q4_1 block size");
+static_assert(alignof(block_q4_1) == 1, "block_q4_1 at any address");
 
 constexpr int QK5_0 = 32;
-struct block_q5_0 {
+struct PYINFER_BLOCK block_q5_0 {
   fp16_t d;
   uint8_t qh[4];          // fifth bit of each element, bit i for element i
   uint8_t qs[QK5_0 / 2];  // value = ((nibble | high bit << 4) - 16) * d
 };
 static_assert(sizeof(block_q5_0) == 22, "q5_0 block size");
+static_assert(alignof(block_q5_0) == 1, "block_q5_0 at any address");
 
 constexpr int QK5_1 = 32;
-struct block_q5_1 {
+struct PYINFER_BLOCK block_q5_1 {
   fp16_t d;
   fp16_t m;  // value = (nibble | high bit << 4) * d + m
   uint8_t qh[4];
   uint8_t qs[QK5_1 / 2];
 };
 static_assert(sizeof(block_q5_1) == 24, "q5_1 block size");
+static_assert(alignof(block_q5_1) == 1, "block_q5_1 at any address");
 
 constexpr int QK8_0 = 32;
-struct block_q8_0 {
+struct PYINFER_BLOCK block_q8_0 {
   fp16_t d;
   int8_t qs[QK8_0];  // value = q * d
 };
 static_assert(sizeof(block_q8_0) == 34, "q8_0 block size");
+static_assert(alignof(block_q8_0) == 1, "block_q8_0 at any address");
 
 constexpr int QK8_1 = 32;
-struct block_q8_1 {
+struct PYINFER_BLOCK block_q8_1 {
   fp16_t d;
   fp16_t s;  // d * sum(qs), not a min
   int8_t qs[QK8_1];
 };
 static_assert(sizeof(block_q8_1) == 36, "q8_1 block size");
+static_assert(alignof(block_q8_1) == 1, "block_q8_1 at any address");
 
 constexpr int QK_K = 256;  // super-block of the K-quants
 constexpr int K_SCALE_SIZE = 12;
-struct block_q2_K {
+struct PYINFER_BLOCK block_q2_K {
   uint8_t scales[QK_K / 16];  // 16 sub-blocks of 16: 4-bit scale (low) and 4-bit min (high)
   uint8_t qs[QK_K / 4];       // 2-bit quants
   fp16_t d;
   fp16_t dmin;
 };
 static_assert(sizeof(block_q2_K) == 84, "q2_K block size");
+static_assert(alignof(block_q2_K) == 1, "block_q2_K at any address");
 
-struct block_q3_K {
+struct PYINFER_BLOCK block_q3_K {
   uint8_t hmask[QK_K / 8];       // third bit of each quant
   uint8_t qs[QK_K / 4];          // low 2 bits
   uint8_t scales[K_SCALE_SIZE];  // 16 6-bit scales, packed
   fp16_t d;                      // value = d * (scale - 32) * (q - 4)
 };
 static_assert(sizeof(block_q3_K) == 110, "q3_K block size");
+static_assert(alignof(block_q3_K) == 1, "block_q3_K at any address");
 
-struct block_q4_K {
+struct PYINFER_BLOCK block_q4_K {
   fp16_t d;                      // super-block scale for the 6-bit sub-block scales
   fp16_t dmin;                   // super-block scale for the 6-bit sub-block mins
   uint8_t scales[K_SCALE_SIZE];  // 8 sub-blocks of 32: 6-bit scale and 6-bit min each, packed
   uint8_t qs[QK_K / 2];          // per 64 elements: 32 bytes, low nibbles first 32, high nibbles next 32
 };
 static_assert(sizeof(block_q4_K) == 144, "q4_K block size");
+static_assert(alignof(block_q4_K) == 1, "block_q4_K at any address");
 
-struct block_q5_K {
+struct PYINFER_BLOCK block_q5_K {
   fp16_t d;
   fp16_t dmin;
   uint8_t scales[K_SCALE_SIZE];  // as q4_K's
@@ -116,21 +134,24 @@ struct block_q5_K {
   uint8_t qs[QK_K / 2];          // low 4 bits, as q4_K's
 };
 static_assert(sizeof(block_q5_K) == 176, "q5_K block size");
+static_assert(alignof(block_q5_K) == 1, "block_q5_K at any address");
 
-struct block_q6_K {
+struct PYINFER_BLOCK block_q6_K {
   uint8_t ql[QK_K / 2];      // low 4 bits
   uint8_t qh[QK_K / 4];      // high 2 bits
   int8_t scales[QK_K / 16];  // 16 sub-blocks of 16, 8-bit scales
   fp16_t d;                  // super-block scale; value = d * scale * (q - 32)
 };
 static_assert(sizeof(block_q6_K) == 210, "q6_K block size");
+static_assert(alignof(block_q6_K) == 1, "block_q6_K at any address");
 
-struct block_q8_K {
+struct PYINFER_BLOCK block_q8_K {
   float d;  // a float32 scale, unlike every other block
   int8_t qs[QK_K];
   int16_t bsums[QK_K / 16];  // sums of the quants in groups of 16
 };
 static_assert(sizeof(block_q8_K) == 292, "q8_K block size");
+static_assert(alignof(block_q8_K) == 1, "block_q8_K at any address");
 
 // ---- the traits table ------------------------------------------------------------------------
 

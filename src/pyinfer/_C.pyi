@@ -54,7 +54,11 @@ def matmul(
     Q4_0 and Q4_1 (for other types the same as "exact": rows dequantized, float32 dots);
     "exact": float32 activations and accumulation.
     Any n_threads gives the same bits; the pool grows to n_threads if needed. packed=True
-    takes W in repack's layout (Q8_0, Q4_0, Q4_1) and gives the same result as unpacked."""
+    takes W in repack's layout and gives the scalar path's unpacked fast result bit for bit on
+    every path; unpacked Q8_0/Q4_0/Q4_1 fast on AVX2/AVX-512 adds the block products in
+    another order (float32 rounding apart, about 2e-7 relative). NaN/inf in x land in the
+    same outputs on every path; a block scale that is not finite makes the same outputs
+    non-finite, NaN on one path where another has inf."""
 
 def repack(w: npt.NDArray[Any], w_type: int, n: int, k: int) -> npt.NDArray[np.uint8]:
     """Q8_0/Q4_0/Q4_1 weights of n rows -> the 16-row interleaved layout matmul(packed=True)

@@ -188,6 +188,12 @@ def quantize(x: np.ndarray, ggml_type: int) -> np.ndarray:
     block_elems = BLOCK_SIZES[t][0]
     if x.size % block_elems:
         raise ValueError(f"{x.size} values is not a multiple of the {t.name} block size {block_elems}")
+    if not np.isfinite(x).all():
+        # A block's scale is computed from its values: one inf or NaN makes it non-finite and
+        # its integers undefined (NaN has no int8), so such a block cannot stand for the row.
+        bad = int(np.flatnonzero(~np.isfinite(x))[0])
+        raise ValueError(f"value {bad} is {x[bad]}: {t.name} blocks can only hold finite values "
+                         "(float types F32/F16/BF16 keep inf and NaN)")
     v = x.reshape(-1, block_elems)
     if t == GGMLType.Q8_0:
         d = np.abs(v).max(axis=1, keepdims=True) / _F32(127)

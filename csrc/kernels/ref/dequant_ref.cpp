@@ -20,13 +20,13 @@ void dequant_f32_ref(const void* src, float* dst, int64_t n) {
 }
 
 void dequant_f16_ref(const void* src, float* dst, int64_t n) {
-  const auto* h = static_cast<const fp16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(h[i]);
+  const auto* h = static_cast<const uint8_t*>(src);  // at any address: loaded byte-wise
+  for (int64_t i = 0; i < n; ++i) dst[i] = fp16_to_f32(load_u16_le(h + 2 * i));
 }
 
 void dequant_bf16_ref(const void* src, float* dst, int64_t n) {
-  const auto* h = static_cast<const bf16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(h[i]);
+  const auto* h = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(load_u16_le(h + 2 * i));
 }
 
 void dequant_q8_0_ref(const void* src, float* dst, int64_t n) {

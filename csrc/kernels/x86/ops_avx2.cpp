@@ -5,6 +5,8 @@
 // ops_ref.cpp bit for bit; the rest sum lane-wise and use a polynomial exp (within float32
 // bounds of the spec).
 #include <immintrin.h>
+
+#include <limits>
 #include <math.h>
 
 #include "kernels/abi.h"
@@ -40,10 +42,12 @@ inline float hmax(__m256 v) {
 }
 
 // e^x, the same polynomial and clamping as exp512 in ops_avx512.cpp (about 2 ulp; 0 below
-// -87.34, finite near FLT_MAX above 88.38; NaN stays NaN, as std::exp in the scalar path, so
+// -87.34, inf past ln(FLT_MAX) as std::exp; NaN stays NaN, as std::exp in the scalar path, so
 // a NaN score or activation shows in the output on every ISA path instead of being clamped).
 inline __m256 exp256(__m256 x) {
   const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+  // Past ln(FLT_MAX): inf, as std::exp (the polynomial below sees a clamped argument).
+  const __m256 over = _mm256_cmp_ps(x, _mm256_set1_ps(88.72283935546875f), _CMP_GT_OQ);
   const __m256 x_in = x;
   const __m256 lo = _mm256_set1_ps(-87.33654f);
   const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
@@ -61,7 +65,8 @@ inline __m256 exp256(__m256 x) {
   p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
   // 2^n for n in [-126, 127]: build the float's exponent field directly.
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_blendv_ps(_mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep), x_in, nan);
+  const __m256 y = _mm256_blendv_ps(_mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep), x_in, nan);
+  return _mm256_blendv_ps(y, _mm256_set1_ps(std::numeric_limits<float>::infinity()), over);
 }
 
 void rms_norm_f32_avx2(const float* x, const float* w, float* out, int64_t n, float eps) {

@@ -4,6 +4,8 @@
 // be merged into a portable caller. RoPE, add and the fp16 conversion match ops_ref.cpp bit for
 // bit; the rest sum lane-wise and use a polynomial exp (within float32 bounds of the spec).
 #include <immintrin.h>
+
+#include <limits>
 #include <math.h>
 
 #include "kernels/abi.h"
@@ -19,13 +21,14 @@ inline __mmask16 lanes(int64_t r) {
 }
 
 // e^x for x in float32, relative error about 2 ulp (Cephes' expf polynomial on
-// |r| <= ln2/2 after x = n ln2 + r). Inputs are clamped to [-87.34, 88.38], so large arguments
-// give a finite value near FLT_MAX instead of inf; below -87.34 the result is 0 (exp would be
-// subnormal there, or exp(-inf) for a masked score).
+// |r| <= ln2/2 after x = n ln2 + r). Inputs are clamped to [-87.34, 88.38] for the polynomial;
+// past ln(FLT_MAX) the result is inf, as std::exp's (so silu(-inf) is NaN on every path);
+// below -87.34 it is 0 (exp would be subnormal there, or exp(-inf) for a masked score).
 inline __m512 exp512(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.33654f);
   const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
   const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);  // stays NaN, as std::exp
+  const __mmask16 over = _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.72283935546875f), _CMP_GT_OQ);
   const __m512 x_in = x;
   x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.3762626647949f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
@@ -39,7 +42,8 @@ inline __m512 exp512(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_mask_mov_ps(_mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n)), nan, x_in);
+  const __m512 y = _mm512_mask_mov_ps(_mm512_maskz_mov_ps(keep, _mm512_scalef_ps(p, n)), nan, x_in);
+  return _mm512_mask_mov_ps(y, over, _mm512_set1_ps(std::numeric_limits<float>::infinity()));
 }
 
 void rms_norm_f32_avx512(const float* x, const float* w, float* out, int64_t n, float eps) {
