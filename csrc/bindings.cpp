@@ -633,6 +633,13 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "pyinfer's C++ kernels";
   // Resolve PYINFER_ISA now: a bad value fails the import with its message, not a later call.
   (void)active_isa();
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const AllocationError& e) {
+      PyErr_SetString(PyExc_MemoryError, e.what());
+    }
+  });
 
   m.def("cpu_info", &cpu_info, "Detected CPU features, compiled and available ISA paths, the active one.");
   m.def("get_isa", [] { return std::string(isa_name(active_isa())); }, "The active ISA path.");

@@ -18,7 +18,8 @@ from pathlib import Path
 import seeds
 
 HERE = Path(__file__).resolve().parent
-HARNESSES = {"gguf": "fuzz_gguf.py", "tokenizer": "fuzz_tokenizer.py", "chat": "fuzz_chat.py"}
+HARNESSES = {"gguf": "fuzz_gguf.py", "tokenizer": "fuzz_tokenizer.py", "chat": "fuzz_chat.py",
+             "kernels": "fuzz_kernels.py"}
 
 
 def run(name: str, seconds: int, artifacts: Path, max_len: int) -> tuple[bool, str]:

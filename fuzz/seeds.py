@@ -78,9 +78,18 @@ def template_seeds() -> list[bytes]:
     return [t.encode() for t in templates]
 
 
+def kernel_seeds() -> list[bytes]:
+    """Inputs the kernel harness decodes into calls: bytes from a fixed generator (each byte
+    picks a size, a type or a value), one per call kind and a few longer ones."""
+    rng = np.random.default_rng(1)
+    return [bytes([i]) + rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+            for i in range(8) for n in (16, 256, 4096)]
+
+
 def write(kind: str, directory: Path) -> int:
-    """Write the seeds of a harness ("gguf", "tokenizer", "chat") into directory; their count."""
-    seeds = {"gguf": gguf_seeds, "tokenizer": text_seeds, "chat": template_seeds}[kind]()
+    """Write the seeds of a harness ("gguf", "tokenizer", "chat", "kernels") into directory;
+    their count."""
+    seeds = {"gguf": gguf_seeds, "tokenizer": text_seeds, "chat": template_seeds, "kernels": kernel_seeds}[kind]()
     directory.mkdir(parents=True, exist_ok=True)
     for i, s in enumerate(seeds):
         (directory / f"seed-{i:03d}").write_bytes(s)

@@ -97,3 +97,11 @@ def test_after_the_refusals_everything_still_computes(model: Model) -> None:
             call()
     for got, want in zip(_answers(model), before):
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_refused_allocation_names_its_bytes_and_purpose() -> None:
+    # 2**36 positions of 64 float32 keys: 16 TiB, in range of int64, past any machine's memory.
+    with pytest.raises(MemoryError, match=r"cannot allocate 17592186044416 bytes for the KV cache's keys"):
+        _C.KVCache(1, 1, 64, 2**36, "float32")
+    cache = _C.KVCache(1, 1, 64, 16, "float32")  # and the next one is made as before
+    assert cache.nbytes > 0

@@ -203,7 +203,7 @@ void Model::repack(const std::vector<RepackItem>& items) {
   constexpr size_t kHugePage = size_t{2} << 20;
   const size_t alloc = (total + kHugePage - 1) / kHugePage * kHugePage;
   packed_arena_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHugePage, alloc)));
-  if (!packed_arena_) throw std::bad_alloc();
+  if (!packed_arena_) throw AllocationError(alloc, "the repacked weights");
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   madvise(packed_arena_.get(), alloc, MADV_HUGEPAGE);  // advice only: failure leaves small pages
 #endif

@@ -18,9 +18,9 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 // Zeroed memory from calloc: large blocks come straight from the OS as untouched zero pages,
 // so a cache sized for a long context costs memory only as positions are written.
-uint8_t* zeroed(size_t n) {
+uint8_t* zeroed(size_t n, const char* what) {
   void* p = std::calloc(n == 0 ? 1 : n, 1);
-  if (p == nullptr) throw std::bad_alloc();
+  if (p == nullptr) throw AllocationError(n, what);
   return static_cast<uint8_t*>(p);
 }
 
@@ -75,8 +75,8 @@ KVCache::KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n
       "KV cache bytes of K (n_layer * n_head_kv * n_ctx in whole key blocks * head_dim * element size)");
   checked_add(k_bytes, v_bytes, "KV cache bytes (K + V)");
   bytes_ = to_size(v_bytes, "KV cache bytes of V");
-  k_.reset(zeroed(to_size(k_bytes, "KV cache bytes of K")));
-  v_.reset(zeroed(bytes_));
+  k_.reset(zeroed(to_size(k_bytes, "KV cache bytes of K"), "the KV cache's keys"));
+  v_.reset(zeroed(bytes_, "the KV cache's values"));
   n_pos_.assign(static_cast<size_t>(n_layer), 0);
 }
 

@@ -54,6 +54,13 @@ inline int64_t checked_add(int64_t a, int64_t b, const char* what) { return chec
 // n rounded up to a multiple of m (m >= 1), checked.
 inline int64_t checked_round_up(int64_t n, int64_t m, const char* what) { return checked_add(n, m - 1, what) / m * m; }
 
+// An allocation the system refused: MemoryError in Python, with the bytes and what they were
+// for (a bare std::bad_alloc says neither).
+struct AllocationError : std::runtime_error {
+  AllocationError(size_t bytes, const char* what)
+      : std::runtime_error("cannot allocate " + std::to_string(bytes) + " bytes for " + what) {}
+};
+
 // A checked count as the size_t an allocation takes.
 inline size_t to_size(int64_t n, const char* what) {
   if (n < 0) throw std::invalid_argument(std::string(what) + ": negative size " + std::to_string(n));
