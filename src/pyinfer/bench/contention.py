@@ -73,9 +73,9 @@ def study_contention(s: Settings) -> Report:
                     samples[(cond, t)].append(n_steps / timed_decode(ctx, ids[0], n_steps))
                     prog.step(f"{cond} {t}t")
     m.n_threads = nt
-    rows = [{"condition": c, "threads": t, "tokens_per_s": median(samples[(c, t)]),
-             "tokens_per_s_samples": samples[(c, t)]} for c in conditions for t in thread_counts]
-    by = {(r["condition"], r["threads"]): r["tokens_per_s"] for r in rows}
+    by = {key: median(v) for key, v in samples.items()}
+    rows = [{"condition": c, "threads": t, "tokens_per_s": by[(c, t)], "tokens_per_s_samples": samples[(c, t)]}
+            for c in conditions for t in thread_counts]
     ratios = {c: by[(c, nt)] / by[(c, 1)] for c in conditions}
     md = ["## Shared cores", "",
           f"Decode from position {start}, {n_steps} steps, median of {repeats}, on an idle machine and with "

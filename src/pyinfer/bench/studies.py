@@ -22,6 +22,7 @@ from pyinfer.bench.common import (
     table,
     timed_decode,
 )
+from pyinfer.bench.contention import study_contention
 from pyinfer.bench.engines import (
     STARTUP_MODULES,
     Engine,
@@ -30,7 +31,6 @@ from pyinfer.bench.engines import (
     peer_makers,
     resident_memory,
 )
-from pyinfer.bench.contention import study_contention
 from pyinfer.bench.serve import study_serve
 from pyinfer.bench.speculative import study_speculative
 from pyinfer.bench.synthetic import PRESETS, synthetic_model
