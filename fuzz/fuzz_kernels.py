@@ -92,10 +92,12 @@ def check_matmul(fdp: atheris.FuzzedDataProvider) -> None:
     _expect(y, (x.shape[0], n))
     if t == 0 and precision == "exact" and not packed and np.isfinite(x).all():
         wf = raw[: n * k * 4].view(np.float32).reshape(n, k).astype(np.float64)
-        if np.isfinite(wf).all() and np.abs(wf).max(initial=0) < 1e30:
+        if np.isfinite(wf).all():
             want = x.astype(np.float64) @ wf.T
-            tol = 1e-4 * (np.abs(x).astype(np.float64) @ np.abs(wf).T + 1e-30)
-            assert (np.abs(y - want) <= tol).all()
+            mag = np.abs(x).astype(np.float64) @ np.abs(wf).T
+            fits = mag < 1e37  # no float32 partial sum can overflow (beyond it, inf is right)
+            tol = 1e-4 * mag + 1e-30
+            assert (np.abs(y - want) <= tol)[fits].all(), (x, wf, y, want)
 
 
 def check_dequant_and_layouts(fdp: atheris.FuzzedDataProvider) -> None:
