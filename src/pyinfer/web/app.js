@@ -180,8 +180,10 @@ function requestBody() {
 }
 
 function setBusy(busy) {
+  const hadStop = document.activeElement === $("stop");
   $("send").disabled = busy;
   $("stop").disabled = !busy;
+  if (hadStop && !busy) $("prompt").focus(); // a disabled button drops the focus: keep it on the page
   $("messages").setAttribute("aria-busy", busy ? "true" : "false");
 }
 
@@ -414,27 +416,33 @@ function drawLive(s) {
   if (history.length > keepSamples) history = history.slice(history.length - keepSamples);
   const n = s.now;
   const last = history.length ? history[history.length - 1] : null;
-  $("value-batch").textContent = n.running + " / " + s.max_batch + " sequences (last step " + n.batch_size + " rows)";
+  $("value-batch").textContent = n.running + " / " + s.max_batch + " sequences · last step " + n.batch_size + " rows";
   $("value-tps").textContent = (last ? last.tokens_per_s : 0).toFixed(1) + " tokens/s";
   $("value-kv").textContent = fmtBytes(n.kv_in_use) + " / " + fmtBytes(n.kv_budget) +
-    " (" + (100 * n.kv_in_use / n.kv_budget).toFixed(1) + "%; " + fmtBytes(n.kv_idle) + " idle cache)";
+    " (" + (100 * n.kv_in_use / n.kv_budget).toFixed(1) + "%) · " + fmtBytes(n.kv_idle) + " idle cache";
   $("value-queue").textContent = n.waiting + " waiting";
   const span = history.length > 1 ? history[history.length - 1].at - history[0].at : 0;
   $("live-window").textContent = "Charts: the last " + Math.max(1, Math.round(span)) +
     " s, sampled every " + s.interval_s + " s; " + n.requests_finished + " requests finished so far.";
-  spark("card-batch", history.map((h) => h.running), s.max_batch);
-  spark("card-tps", history.map((h) => h.tokens_per_s), null);
-  spark("card-kv", history.map((h) => h.kv_in_use), n.kv_budget);
-  spark("card-queue", history.map((h) => h.waiting), null);
+  const count = (v) => v.toFixed(0);
+  spark("card-batch", history.map((h) => h.running), s.max_batch, count);
+  spark("card-tps", history.map((h) => h.tokens_per_s), null, (v) => v.toFixed(1));
+  spark("card-kv", history.map((h) => h.kv_in_use), n.kv_budget, fmtBytes);
+  spark("card-queue", history.map((h) => h.waiting), null, count);
   drawRows(s.requests);
 }
 
 const SVG = "http://www.w3.org/2000/svg";
 
-// A sparkline: the values over time, scaled to max (or their own maximum).
-function spark(card, values, max) {
+// A sparkline: the values over time, from 0 at the bottom to max (or their own maximum) at
+// the top; the caption under it gives that scale and the highest value seen.
+function spark(card, values, max, fmt) {
   const svg = document.querySelector("#" + card + " svg");
-  const top = Math.max(max || 0, ...values, 1e-9);
+  const peak = Math.max(0, ...values);
+  const top = Math.max(max || 0, peak, 1e-9);
+  document.querySelector("#" + card + " .range").textContent = max
+    ? "chart: 0 to " + fmt(max) + " · highest " + fmt(peak)
+    : "chart: 0 to its highest, " + fmt(peak);
   const w = 300;
   const hgt = 60;
   const n = Math.max(values.length - 1, 1);
