@@ -139,8 +139,13 @@ function addMessage(role, text) {
   body.textContent = text;
   el.append(who, body);
   $("messages").append(el);
-  el.scrollIntoView({ block: "end" });
+  scrollToEnd();
   return el;
+}
+
+function scrollToEnd() {
+  const box = $("messages");
+  box.scrollTop = box.scrollHeight;
 }
 
 function showError(text) {
@@ -197,7 +202,7 @@ function statsLine(a) {
     if (t.ttft_ms !== null && t.ttft_ms !== undefined) parts.push("TTFT " + fmtMs(t.ttft_ms));
     parts.push("prompt " + (t.prompt_n + t.cache_n) + " tokens" + (t.cache_n ? " (" + t.cache_n + " cached)" : ""));
   } else if (a.chunks) {
-    parts.push(a.chunks + " chunks received");
+    parts.push(a.chunks + (a.chunks === 1 ? " chunk" : " chunks") + " received");
     if (a.firstAt) parts.push("first after " + fmtMs(a.firstAt - a.sentAt) + " (measured here)");
   }
   if (a.finish === "length") parts.push("stopped at max_tokens");
@@ -211,6 +216,7 @@ function finishAnswer(a) {
   stats.textContent = statsLine(a);
   a.el.append(stats);
   a.el.classList.remove("streaming");
+  scrollToEnd();
   if (a.text) conversation.push({ role: "assistant", content: a.text });
   announce(a.stopped ? "Answer stopped. " + stats.textContent : "Answer finished. " + stats.textContent);
 }
@@ -311,7 +317,7 @@ function onEvent(ev, a) {
     a.text += piece;
     a.chunks++;
     a.textEl.textContent = a.text;
-    a.el.scrollIntoView({ block: "end" });
+    scrollToEnd();
   }
   if (choice.finish_reason) a.finish = choice.finish_reason;
 }
