@@ -412,3 +412,33 @@ def test_with_an_api_key_the_page_is_open_and_its_data_is_not(default_model):
         assert row["id"] == "probe" and row["state"] == "done" and row["predicted_n"] == 4
         assert abs(sum(row["segments"].values()) - c.timings.total_s * 1e3) < 0.01
         assert abs(row["e2e_ms"] - c.timings.total_s * 1e3) < 0.01
+
+
+def test_a_row_follows_its_request_through_the_queue(default_model):
+    """Engine-side: the phases a handle records come in order, and a row shows a request
+    waiting for a slot as queue alone, then its whole timeline once it has run."""
+    from pyinfer import Engine, Model
+    from pyinfer.live import request_row
+
+    model = Model.load(default_model, n_ctx=256)
+    with Engine(model, max_batch=1, recent=2) as engine:
+        first = engine.submit("Once upon a time", max_tokens=40, temperature=0, logit_bias={0: -100, 2: -100})
+        next(first)  # running: the only slot is taken
+        second = engine.submit("The capital of France is", max_tokens=4, temperature=0)
+        row = request_row(second, time.perf_counter())
+        assert row["state"] == "queued" and list(row["segments"]) == ["tokenize", "queue"]
+        assert second.admitted is None and second.prefilled is None
+        running = request_row(first, time.perf_counter())
+        assert running["state"] == "decode" and running["predicted_n"] >= 1
+        assert abs(sum(running["segments"].values()) - running["e2e_ms"]) < 0.01
+        c = second.result(60)
+        ended = first.started + first.result(60).timings.total_s
+        tm = c.timings
+        assert second.started <= second.admitted <= second.prefilled <= second.started + tm.ttft_s
+        assert second.admitted - second.started >= tm.queue_s + tm.tokenize_s - 1e-6
+        row = request_row(second, time.perf_counter())
+        assert row["state"] == "done" and row["finish_reason"] == "length"
+        assert second.admitted >= ended  # it waited for the first to end
+        assert abs(sum(row["segments"].values()) - tm.total_s * 1e3) < 0.01
+        engine.submit("A third", max_tokens=1).result(60)
+        assert engine.recent()[0] is second and len(engine.recent()) == 2  # the oldest dropped
