@@ -2,8 +2,8 @@
 Playwright) against a real `pyinfer serve` on loopback: a streamed answer, stopping it (the
 engine frees the sequence), eight requests at once as eight rows of the live view whose
 segments add up to each request's end-to-end time, errors shown, keyboard-only use, a
-narrow screen. Each test writes screenshots into $PYINFER_WEB_SHOTS (PYINFER_WEB_SHOTS=docs
-makes the README's) or its own temporary directory.
+narrow screen. Each test writes screenshots of both views into $PYINFER_WEB_SHOTS, else a
+temporary directory (the README's docs/web-chat.png and docs/web-live.png are two of them).
 
 Without Chromium or Playwright the browser tests fail when CI is set, and skip elsewhere.
 """
@@ -76,8 +76,9 @@ def shots(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def page(browser, server):
-    """A fresh page on the server, 1000 px wide, recording every URL it asks for."""
+def page(browser, server, shots, request):
+    """A fresh page on the server, 1000 px wide, recording every URL it asks for; at the end,
+    a screenshot of each view as the test left it (<test>-chat.png, <test>-live.png)."""
     ctx = browser.new_context(viewport={"width": 1000, "height": 720})
     pg = ctx.new_page()
     pg.set_default_timeout(30_000)
@@ -86,6 +87,11 @@ def page(browser, server):
     pg.goto(server + "/")
     pg.wait_for_function("() => document.getElementById('model-ctx').textContent.includes('512')")
     yield pg
+    for view in ("chat", "live"):
+        pg.click(f"#tab-{view}")
+        if view == "live":
+            pg.wait_for_selector("#live-scale:not(:empty)")
+        pg.screenshot(path=shots / f"{request.node.name}-{view}.png")
     ctx.close()
     # Nothing came from anywhere but this server.
     elsewhere = [u for u in asked if not (u.startswith(server + "/") or u.startswith("data:"))]
@@ -251,13 +257,20 @@ def test_errors_are_shown(page, server, shots):
     err.wait_for()
     assert "context_length_exceeded" in err.text_content() and "512" in err.text_content()
     assert err.get_attribute("role") == "alert"
+    # A setting out of range: the 400 names it.
+    settings(page, temperature=-1)
+    page.fill("#prompt", "hello")
+    page.click("#send")
+    page.wait_for_function("() => document.querySelectorAll('.msg.error').length === 2")
+    assert "temperature" in page.locator(".msg.error").last.text_content()
+    settings(page, temperature=0.7)
     # Overload: the 503 and its Retry-After, as the engine's full queue answers.
     page.route("**/v1/chat/completions", lambda route: route.fulfill(
         status=503, headers={"Retry-After": "3", "Content-Type": "application/json"},
         body='{"error": {"message": "the engine is full", "type": "server_error", "code": "overloaded"}}'))
     page.fill("#prompt", "hello")
     page.click("#send")
-    page.wait_for_function("() => document.querySelectorAll('.msg.error').length === 2")
+    page.wait_for_function("() => document.querySelectorAll('.msg.error').length === 3")
     text = page.locator(".msg.error").last.text_content()
     assert "503" in text and "overloaded" in text and "try again in 3 s" in text
     # An error event inside the stream, and a stream that ends without finishing.
@@ -268,14 +281,14 @@ def test_errors_are_shown(page, server, shots):
         status=200, headers={"Content-Type": "text/event-stream"}, body=sse))
     page.fill("#prompt", "hello")
     page.click("#send")
-    page.wait_for_function("() => document.querySelectorAll('.msg.error').length === 3")
+    page.wait_for_function("() => document.querySelectorAll('.msg.error').length === 4")
     assert "boom" in page.locator(".msg.error").last.text_content()
     page.unroute("**/v1/chat/completions")
     page.route("**/v1/chat/completions", lambda route: route.fulfill(
         status=200, headers={"Content-Type": "text/event-stream"}, body=sse.split("\n\n")[0] + "\n\n"))
     page.fill("#prompt", "hello")
     page.click("#send")
-    page.wait_for_function("() => document.querySelectorAll('.msg.error').length === 4")
+    page.wait_for_function("() => document.querySelectorAll('.msg.error').length === 5")
     assert "ended before" in page.locator(".msg.error").last.text_content()
     page.screenshot(path=shots / "web-errors.png")
 
