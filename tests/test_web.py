@@ -241,10 +241,10 @@ def test_eight_requests_are_eight_rows_adding_up(page, server, shots):
     # The cards above: the batch, tokens/s and KV memory, with charts of the last minutes.
     assert f"/ {MAX_BATCH} sequences" in page.text_content("#value-batch")
     assert max(out[i]["timings"]["queue_ms"] for i in range(8)) > 100  # half of them waited for a slot
-    assert page.evaluate("Math.max(...history.map(h => h.waiting))") > 0
+    assert page.evaluate("Math.max(...samples.map(h => h.waiting))") > 0
     assert " / " in page.text_content("#value-kv")
     assert page.eval_on_selector("#card-tps polyline", "e => e.getAttribute('points').split(' ').length") >= 2
-    peak = page.evaluate("Math.max(...history.map(h => h.tokens_per_s))")
+    peak = page.evaluate("Math.max(...samples.map(h => h.tokens_per_s))")
     assert peak > 0
     page.screenshot(path=shots / "web-live.png", full_page=True)
 

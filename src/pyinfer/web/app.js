@@ -371,7 +371,7 @@ const SEGMENTS = [
 ];
 let liveTimer = null;
 let liveSince = 0;
-let history = [];
+let samples = []; // the engine's gauges, oldest first (not window.history)
 let keepSamples = 600;
 
 function startLive() {
@@ -415,26 +415,26 @@ function drawLive(s) {
   // Sample times are seconds before this answer; kept as times on this page's clock.
   const now = performance.now() / 1000;
   for (const h of s.history) {
-    history.push(Object.assign({}, h, { at: now + h.t }));
+    samples.push(Object.assign({}, h, { at: now + h.t }));
     liveSince = Math.max(liveSince, h.n);
   }
   keepSamples = Math.round(300 / s.interval_s); // five minutes
-  if (history.length > keepSamples) history = history.slice(history.length - keepSamples);
+  if (samples.length > keepSamples) samples = samples.slice(samples.length - keepSamples);
   const n = s.now;
-  const last = history.length ? history[history.length - 1] : null;
+  const last = samples.length ? samples[samples.length - 1] : null;
   $("value-batch").textContent = n.running + " / " + s.max_batch + " sequences · last step " + n.batch_size + " rows";
   $("value-tps").textContent = (last ? last.tokens_per_s : 0).toFixed(1) + " tokens/s";
   $("value-kv").textContent = fmtBytes(n.kv_in_use) + " / " + fmtBytes(n.kv_budget) +
     " (" + (100 * n.kv_in_use / n.kv_budget).toFixed(1) + "%) · " + fmtBytes(n.kv_idle) + " idle cache";
   $("value-queue").textContent = n.waiting + " waiting";
-  const span = history.length > 1 ? history[history.length - 1].at - history[0].at : 0;
+  const span = samples.length > 1 ? samples[samples.length - 1].at - samples[0].at : 0;
   $("live-window").textContent = "Charts: the last " + Math.max(1, Math.round(span)) +
     " s, sampled every " + s.interval_s + " s; " + n.requests_finished + " requests finished so far.";
   const count = (v) => v.toFixed(0);
-  spark("card-batch", history.map((h) => h.running), s.max_batch, count);
-  spark("card-tps", history.map((h) => h.tokens_per_s), null, (v) => v.toFixed(1));
-  spark("card-kv", history.map((h) => h.kv_in_use), n.kv_budget, fmtBytes);
-  spark("card-queue", history.map((h) => h.waiting), null, count);
+  spark("card-batch", samples.map((h) => h.running), s.max_batch, count);
+  spark("card-tps", samples.map((h) => h.tokens_per_s), null, (v) => v.toFixed(1));
+  spark("card-kv", samples.map((h) => h.kv_in_use), n.kv_budget, fmtBytes);
+  spark("card-queue", samples.map((h) => h.waiting), null, count);
   drawRows(s.requests);
 }
 
