@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
+from _serve import metrics as server_metrics
+from _serve import serve
 
 from pyinfer import Engine, Model, openai_types
 from pyinfer.sampling import TokenLogprob
@@ -24,44 +22,12 @@ KEY = "sk-test-0123456789"
 N_CTX = 512
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(default_model, tmp_path_factory):
-    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pyinfer", "serve", "--model", str(default_model), "--port", str(port),
-             "--ctx", str(N_CTX), "--api-key", KEY, "--max-body-bytes", "65536", "--log-level", "warning"],
-            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYINFER_API_KEY": ""},
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"pyinfer serve exited with {proc.returncode}:\n{log.read_text()}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"pyinfer serve did not answer /health:\n{log.read_text()}")
-            time.sleep(0.2)
+    with serve(default_model, log, "--ctx", str(N_CTX), "--api-key", KEY, "--max-body-bytes", "65536",
+               "--log-level", "warning") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -75,14 +41,7 @@ def model(default_model):
 
 
 def metrics(url: str) -> dict[str, float]:
-    r = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {KEY}"})
-    assert r.status_code == 200
-    out = {}
-    for line in r.text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+    return server_metrics(url, KEY)
 
 
 PROMPT = "The capital of France is"

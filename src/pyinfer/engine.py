@@ -177,12 +177,23 @@ class RequestHandle:
     Completion (whatever chunks were not read yet included). `cancel()` may be called from
     any thread or event loop: the sequence ends within one scheduler step ("cancelled") and
     its context reservation is freed. Errors the engine meets while running it (it is closing, a
-    failure in the model) are raised from the iteration."""
+    failure in the model) are raised from the iteration.
 
-    def __init__(self, engine: Engine, request: Request, n_ctx: int, submitted: float) -> None:
+    Where it is on its way (time.perf_counter, for a live view): `started` (it arrived; its
+    tokenizing follows), `admitted` (its context was reserved: the queue is behind it) and
+    `prefilled` (the forward pass holding its prompt's last token ended), None until then;
+    its Timings give the first token (ttft_s) and the end (total_s). `label`: a name the
+    caller may give it (the server puts its completion id there)."""
+
+    def __init__(self, engine: Engine, request: Request, n_ctx: int, submitted: float,
+                 started: float | None = None) -> None:
         self.request = request
         self.n_ctx = n_ctx  # the size of the KV cache it reserves
         self.submitted = submitted
+        self.started = submitted if started is None else started
+        self.admitted: float | None = None
+        self.prefilled: float | None = None
+        self.label: str | None = None
         self._engine = engine
         self._channel = _Channel()
         self._chunks: list[CompletionChunk] = []  # every chunk read so far
@@ -262,7 +273,8 @@ class Engine:
     available now). max_queue: requests that may wait for admission before submit raises
     OverloadedError. ctx_granularity: a reservation is rounded up to this many tokens, so
     that freed caches fit later requests. on_finish: called on the scheduler thread with
-    each finished Request (for metrics; it must be quick and must not raise).
+    each finished Request (for metrics; it must be quick and must not raise). recent: how
+    many of the latest requests `recent()` keeps (a live view's rows).
 
     The model must not be used by anything else while the engine runs (its contexts are
     the engine's, but decode_batch's scratch is shared).
@@ -280,6 +292,7 @@ class Engine:
         prefix_cache: bool = True,
         prefix_block: int = 16,
         on_finish: Callable[[Request], None] | None = None,
+        recent: int = 64,
     ) -> None:
         self.model = model
         self.n_ctx = int(model.n_ctx)
@@ -314,6 +327,7 @@ class Engine:
         self._cached_total = 0
         self._prefix_hits = 0
         self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # run between steps
+        self._recent: deque[RequestHandle] = deque(maxlen=_positive("recent", recent))
         self._thread = threading.Thread(target=self._loop, name="pyinfer-engine", daemon=True)
         self._thread.start()
 
@@ -387,7 +401,7 @@ class Engine:
                 f"scratch), more than the engine's budget of {self.kv_budget_bytes} bytes: "
                 "lower max_tokens"
             )
-        handle = RequestHandle(self, req, n_ctx, perf_counter())
+        handle = RequestHandle(self, req, n_ctx, perf_counter(), t0)
         with self._cond:
             if self._closed:
                 raise RuntimeError("the engine is closed")
@@ -398,6 +412,7 @@ class Engine:
                     retry_after=1.0,
                 )
             self._waiting.append(handle)
+            self._recent.append(handle)
             self._cond.notify()
         return handle
 
@@ -440,6 +455,12 @@ class Engine:
                 prefix_hits=self._prefix_hits,
                 batch_scratch_bytes=self._batch.nbytes,
             )
+
+    def recent(self) -> list[RequestHandle]:
+        """The latest submitted requests (up to `recent` of them), oldest first: waiting,
+        running or finished."""
+        with self._cond:
+            return list(self._recent)
 
     @property
     def closed(self) -> bool:
@@ -516,7 +537,8 @@ class Engine:
             for s, _ in rows:
                 self._end(s, None, error=e)
             return
-        dt = perf_counter() - t
+        t_end = perf_counter()
+        dt = t_end - t
         with self._cond:
             self._batch_size = len(rows)
             self._decode_rows += n_decode
@@ -528,6 +550,7 @@ class Engine:
             s.prefill_s += dt
             s.prefill_at += len(toks)
             if s.prefill_at == len(s.prefill):
+                s.handle.prefilled = t_end
                 with self._cond:
                     self._prompt_total += s.req.timings.prompt_tokens
                 self._sample(s, row, s.prefill_s)
@@ -610,7 +633,8 @@ class Engine:
             tm.cached_tokens = cached
             tm.prompt_tokens = len(prompt) - cached
             # The wait for admission is queueing too.
-            tm.queue_s += perf_counter() - h.submitted
+            h.admitted = perf_counter()
+            tm.queue_s += h.admitted - h.submitted
             with self._cond:
                 if cached:
                     self._prefix_hits += 1

@@ -1,7 +1,8 @@
 """`pyinfer serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn, the `[server]` extra)
 over one Engine: /v1/completions and /v1/chat/completions (whole, or streamed as server-sent
 events; structured output and tool calls), /v1/embeddings, /v1/models, /health, /metrics
-(Prometheus), /tokenize and /detokenize.
+(Prometheus), /tokenize and /detokenize; a web page at / (chat, and a live view of the
+engine fed by /live.json: pyinfer.live).
 
 Every completion carries `timings` (llama.cpp's field names plus queue, tokenize and TTFT
 times). Errors have the OpenAI shape {"error": {"message", "type", "param", "code"}}: 400
@@ -33,7 +34,7 @@ from prometheus_client.registry import Collector
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pyinfer import openai_types
+from pyinfer import live, openai_types
 from pyinfer.constraint import ConstraintError
 from pyinfer.engine import Engine, RequestHandle
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, OverloadedError
@@ -345,7 +346,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     expected = api_key.encode() if api_key else None
 
     async def check_key(request: HTTPRequest) -> None:
-        if expected is None or request.url.path == "/health":
+        if expected is None or request.url.path == "/health" or live.is_public(request.url.path):
             return
         auth = request.headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
@@ -364,6 +365,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     app = FastAPI(title="pyinfer", dependencies=[Depends(check_key)], lifespan=lifespan, **docs)
     app.state.engine = engine
     app.state.metrics = metrics
+    app.state.live_history = live.install(app, engine, model_name)
 
     @app.exception_handler(APIError)
     async def _api_error(request: HTTPRequest, exc: APIError) -> JSONResponse:
@@ -533,6 +535,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                   "max_tokens": 16 if "max_tokens" not in body else max_tokens}
         handle = await submit(prompt, kwargs, started, "prompt", body)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        handle.label = cid  # the live view's name for it
         prompt_text = prompt if isinstance(prompt, str) else ""
 
         def shape(text: str, lp: Any, finish: str | None) -> openai_types.TextCompletion:
@@ -609,6 +612,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         kwargs = {**_sampling(body), "stop": _stop(body), "logprobs": n_lp, "max_tokens": max_tokens}
         handle = await submit(ids, kwargs, started, "messages", body)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        handle.label = cid
 
         if not streamed:
             c: Completion = await result(handle, request)
