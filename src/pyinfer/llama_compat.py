@@ -727,13 +727,15 @@ class Llama:
         lists): the mean of the final hidden states, scaled to unit length with normalize.
         truncate: a text longer than n_ctx keeps its first n_ctx tokens (else ValueError).
         return_count: also return the number of tokens embedded."""
+        model = self._need_model("embed")
         one = isinstance(input, str) or (isinstance(input, list) and bool(input) and isinstance(input[0], int))
         items: list[Any] = [input] if one else list(input)
         ids = [self._tokenizer.tokenize(t) if isinstance(t, str) else list(t) for t in items]
         if truncate:
-            ids = [t[: self._n_ctx] for t in ids]
-        model = self._need_model("embed")
-        rows = model.embed(ids, normalize=normalize).tolist() if ids else []  # contexts of its own
+            limit = min(self._n_ctx, model.n_ctx)  # the model's own cap applies to embeddings too
+            ids = [t[:limit] for t in ids]
+        # Evaluated together, in contexts of their own (Model.embed), not in this Llama's.
+        rows = model.embed(ids, normalize=normalize).tolist() if ids else []
         out = rows[0] if one else rows
         return (out, sum(map(len, ids))) if return_count else out
 
