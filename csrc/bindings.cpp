@@ -600,9 +600,10 @@ void sequence_run_py(Sequence& ctx, py::array ids, py::array out, bool all_rows,
 }
 
 // One step over len(contexts) sequences: counts int64 [n] tokens each, back to back in ids
-// (int32 [sum(counts)]); logits float32 [n, n_vocab] written in place.
-void batch_step_py(Batch& batch, const std::vector<Sequence*>& contexts, py::array ids, py::array counts,
-                   py::array logits, const std::string& precision, int n_threads) {
+// (int32 [sum(counts)]); out written in place: logits float32 [n, n_vocab], or with hidden the
+// final hidden states of every token, float32 [sum(counts), n_embd].
+void batch_run_py(Batch& batch, const std::vector<Sequence*>& contexts, py::array ids, py::array counts, py::array out,
+                  const std::string& precision, int n_threads, bool hidden) {
   const int64_t n = static_cast<int64_t>(contexts.size());
   if (counts.ndim() != 1 || !counts.dtype().is(py::dtype::of<int64_t>()) || !(counts.flags() & py::array::c_style) ||
       counts.shape(0) != n)
@@ -615,16 +616,21 @@ void batch_step_py(Batch& batch, const std::vector<Sequence*>& contexts, py::arr
       ids.shape(0) != total)
     throw py::value_error("ids must be a 1-D C-contiguous int32 array of sum(counts) (" + std::to_string(total) +
                           ") ids");
-  const int64_t n_vocab = n > 0 && contexts[0] != nullptr ? contexts[0]->n_vocab() : 0;
-  if (!is_c_f32(logits) || !logits.writeable() || logits.ndim() != 2 || logits.shape(0) != n ||
-      logits.shape(1) != n_vocab)
-    throw py::value_error("logits must be a writeable C-contiguous float32 array [" + std::to_string(n) + ", " +
-                          std::to_string(n_vocab) + "]");
+  const Sequence* first = n > 0 ? contexts[0] : nullptr;
+  const int64_t width = first == nullptr ? 0 : hidden ? first->model()->dims().n_embd : first->n_vocab();
+  const int64_t rows = hidden ? total : n;
+  const char* what = hidden ? "hidden" : "logits";
+  if (!is_c_f32(out) || !out.writeable() || out.ndim() != 2 || out.shape(0) != rows || out.shape(1) != width)
+    throw py::value_error(std::string(what) + " must be a writeable C-contiguous float32 array [" +
+                          std::to_string(rows) + ", " + std::to_string(width) + "]");
   const Precision m = parse_precision(precision);
   const auto* p_ids = static_cast<const int32_t*>(ids.data());
-  auto* p_logits = static_cast<float*>(logits.mutable_data());
+  auto* p_out = static_cast<float*>(out.mutable_data());
   py::gil_scoped_release release;
-  batch.step(contexts.data(), p_ids, p_counts, n, p_logits, m, n_threads);
+  if (hidden)
+    batch.embed(contexts.data(), p_ids, p_counts, n, p_out, m, n_threads);
+  else
+    batch.step(contexts.data(), p_ids, p_counts, n, p_out, m, n_threads);
 }
 
 }  // namespace
@@ -783,10 +789,24 @@ PYBIND11_MODULE(_C, m) {
   py::class_<Batch>(m, "Batch", "Many sequences in one forward pass: up to n_rows token rows per step, all together.")
       .def(py::init([](const PyModel& model, int64_t n_rows) { return new Batch(model.model, n_rows); }),
            py::arg("model"), py::arg("n_rows"), py::keep_alive<1, 2>())
-      .def("step", &batch_step_py, py::arg("contexts"), py::arg("ids"), py::arg("counts"), py::arg("logits"),
-           py::arg("precision"), py::arg("n_threads"),
-           "Append counts[b] (int64 [n]) of the ids (int32, back to back) to contexts[b] (n distinct sequences "
-           "of this model), every weight read once for all of them; write each one's next-token logits into "
-           "logits [n, n_vocab].")
+      .def(
+          "step",
+          [](Batch& b, const std::vector<Sequence*>& contexts, py::array ids, py::array counts, py::array logits,
+             const std::string& precision,
+             int n_threads) { batch_run_py(b, contexts, ids, counts, logits, precision, n_threads, false); },
+          py::arg("contexts"), py::arg("ids"), py::arg("counts"), py::arg("logits"), py::arg("precision"),
+          py::arg("n_threads"),
+          "Append counts[b] (int64 [n]) of the ids (int32, back to back) to contexts[b] (n distinct sequences "
+          "of this model), every weight read once for all of them; write each one's next-token logits into "
+          "logits [n, n_vocab].")
+      .def(
+          "embed",
+          [](Batch& b, const std::vector<Sequence*>& contexts, py::array ids, py::array counts, py::array hidden,
+             const std::string& precision,
+             int n_threads) { batch_run_py(b, contexts, ids, counts, hidden, precision, n_threads, true); },
+          py::arg("contexts"), py::arg("ids"), py::arg("counts"), py::arg("hidden"), py::arg("precision"),
+          py::arg("n_threads"),
+          "As step, writing the final hidden states (after the output norm) of every token, in the order of "
+          "ids, into hidden [sum(counts), n_embd].")
       .def_property_readonly("n_rows", &Batch::n_rows);
 }

@@ -1,6 +1,7 @@
 """Embeddings: the final hidden states the C++ forward pass hands out are what its output head
 reads (hidden @ output^T gives its logits), pooled and normalized as asked, the same one text at
-a time or many, and served by Llama.create_embedding and the server's /v1/embeddings."""
+a time or many evaluated together in batched forward passes, and served by
+Llama.create_embedding and the server's /v1/embeddings."""
 
 from __future__ import annotations
 
@@ -40,6 +41,58 @@ def test_pooling_and_normalization(exact):
     sims = e @ e.T
     assert sims[0, 1] > sims[0, 2] and sims[0, 1] > sims[1, 2]  # the two cat sentences are closest
     np.testing.assert_array_equal(exact.embed([exact.tokenize(TEXTS[2])])[0], e[2])  # ids as input
+
+
+@pytest.fixture(scope="module")
+def fast(default_model):
+    return Model.load(default_model, n_ctx=128, precision="fast")
+
+
+LONG = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest. " * 3
+
+
+@pytest.mark.parametrize("precision", ["fast", "exact"])
+def test_texts_are_embedded_together_as_they_are_alone(fast, exact, precision, monkeypatch):
+    from pyinfer.model import Batch
+
+    m = fast if precision == "fast" else exact
+    texts = [*TEXTS, LONG, "Hi"]
+    alone = np.stack([m.embed(t) for t in texts])
+    passes = []
+    real = Batch.embed
+
+    def counted(self, contexts, tokens):
+        passes.append([len(t) for t in tokens])
+        return real(self, contexts, tokens)
+
+    monkeypatch.setattr(Batch, "embed", counted)
+    together = m.embed(texts)
+    assert len(passes) == 1 and len(passes[0]) == len(texts)  # one forward pass for all five
+    passes.clear()
+    # 16 rows a pass: the long text (58 tokens) is continued over passes, beside the others.
+    small = m.embed(texts, n_rows=16)
+    assert len(passes) > 4 and all(sum(p) <= 16 for p in passes)
+    if precision == "fast":
+        # The same bits: the batched pass computes each row as the text's own pass does.
+        np.testing.assert_array_equal(together, alone)
+        np.testing.assert_array_equal(small, alone)
+    else:
+        # Float rounding only (the exact kernels block over rows): well under 1e-5 of a unit vector.
+        np.testing.assert_allclose(together, alone, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(small, alone, rtol=0, atol=1e-5)
+
+
+def test_batch_embed_gives_each_contexts_hidden_states(fast):
+    from pyinfer.model import Batch
+
+    ids = [fast.tokenize(t) for t in TEXTS]
+    rows = Batch(fast, 64).embed([fast.context(n_ctx=len(t)) for t in ids], ids)
+    assert rows.shape == (sum(map(len, ids)), fast.config.n_embd)
+    np.testing.assert_array_equal(rows, np.concatenate([fast.context().hidden(t) for t in ids]))
+    with pytest.raises(ValueError, match="more than n_rows = 4"):
+        Batch(fast, 4).embed([fast.context(), fast.context()], ids[:2])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        Batch(fast, 64).embed([fast.context()], [[fast.n_vocab]])
 
 
 def test_bad_embedding_requests(exact):

@@ -1,14 +1,16 @@
 """Wrappers written for llama-cpp-python run on pyinfer through the `llama_cpp` alias
 (`import pyinfer.as_llama_cpp`): LangChain's LlamaCpp (invoke, stream, a GBNF grammar) and
-ChatLlamaCpp (invoke, stream), with the keywords they pass (rope_freq_base, n_parts, f16_kv)."""
+ChatLlamaCpp (invoke, stream), with the keywords they pass (rope_freq_base, n_parts, f16_kv),
+and llama-index's LlamaCPP (complete, stream_complete, chat, stream_chat)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 
-import pyinfer.as_llama_cpp  # noqa: F401  (the alias, before LangChain imports llama_cpp)
+import pyinfer.as_llama_cpp  # the alias, before LangChain or llama-index imports llama_cpp
 from pyinfer import Llama, Model
 
 pytestmark = [
@@ -70,3 +72,37 @@ def test_keywords_old_wrappers_pass(default_model):
     assert not (moved.logits(ids)[-1] == base.logits(ids)[-1]).all()  # the override is honoured
     with pytest.raises(ValueError, match="rope_freq_base must be a finite number > 0"):
         Model.load(default_model, n_ctx=64, rope_freq_base=-1.0)
+
+
+def test_llama_index_llamacpp(default_model):
+    # llama-index-llms-llama-cpp depends on llama-cpp-python, which pyinfer stands in for, so it
+    # is installed without its dependencies (`pip install --no-deps
+    # "llama-index-llms-llama-cpp==0.7.0"`, as CI does; llama-index-core comes with the test
+    # extra). Without it the test skips, except in CI, where it must run.
+    try:
+        from llama_index.llms.llama_cpp import LlamaCPP
+    except ImportError:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip('llama-index-llms-llama-cpp is not installed: pip install --no-deps '
+                    '"llama-index-llms-llama-cpp==0.7.0"')
+    from llama_index.core.llms import ChatMessage
+
+    llm = LlamaCPP(model_path=str(default_model), temperature=0, max_new_tokens=8, context_window=512,
+                   verbose=False)
+    assert llm.metadata.context_window == 512 and llm.metadata.num_output == 8
+    # What the wrapper asks of llama_cpp.Llama, asked of pyinfer.Llama directly.
+    direct = Llama(model_path=str(default_model), n_ctx=512, verbose=False)
+
+    def want(prompt: str) -> str:
+        return direct(prompt=prompt, temperature=0, max_tokens=8)["choices"][0]["text"]
+
+    text = want(llm.completion_to_prompt("The capital of France is"))
+    assert text and llm.complete("The capital of France is").text == text
+    deltas = [r.delta for r in llm.stream_complete("The capital of France is")]
+    assert len(deltas) > 1 and "".join(deltas) == text
+    messages = [ChatMessage(role="system", content="Answer in one word."),
+                ChatMessage(role="user", content="Name a colour.")]
+    reply = want(llm.messages_to_prompt(messages))
+    assert reply and llm.chat(messages).message.content == reply
+    assert "".join(r.delta or "" for r in llm.stream_chat(messages)) == reply

@@ -197,20 +197,13 @@ def test_breaking_out_of_a_stream_leaves_the_object_usable(llm, model):
     assert list(it) == []
 
 
-def test_echo_and_suffix(llm, model):
-    out = llm("The capital of France is", max_tokens=4, temperature=0, echo=True, suffix=" [end]")
+def test_echo(llm, model):
+    out = llm("The capital of France is", max_tokens=4, temperature=0, echo=True)
     want = model.generate("The capital of France is", max_tokens=4, temperature=0).text
-    assert out["choices"][0]["text"] == "The capital of France is" + want + " [end]"
+    assert out["choices"][0]["text"] == "The capital of France is" + want
     streamed = "".join(
         c["choices"][0]["text"]
-        for c in llm(
-            "The capital of France is",
-            max_tokens=4,
-            temperature=0,
-            echo=True,
-            suffix=" [end]",
-            stream=True,
-        )
+        for c in llm("The capital of France is", max_tokens=4, temperature=0, echo=True, stream=True)
     )
     assert streamed == out["choices"][0]["text"]
 
@@ -659,3 +652,198 @@ def test_hooks_token_level_generation_and_state(default_model):
     assert cache.cache_size > 0 and llm.tokenize(b"A short poem about rain:") in cache
     llm.reset()
     assert llm("A short poem about rain:", max_tokens=4, temperature=0)["choices"][0]["text"] == first
+
+
+# ---- fill-in-the-middle, vocab_only, chat formats, the parameters objects
+
+
+def copy_gguf(src, dst, *, metadata=None, drop=(), tensors=True):
+    """src rewritten to dst: its metadata with `metadata` (key -> (value, ValueType...)) set and
+    the keys of `drop` left out; its tensors as they are, or none (a vocabulary-only file)."""
+    from pyinfer.gguf import GGUFReader, GGUFWriter
+
+    r = GGUFReader(src)
+    w = GGUFWriter(dst, alignment=r.alignment)
+    changes = metadata or {}
+    for key, value in r.metadata.items():
+        if key in drop or key == "general.alignment":
+            continue
+        new = changes.get(key)
+        w.add(key, *(new if new is not None else (value, *r.metadata_types[key])))
+    for key, new in changes.items():
+        if key not in r.metadata:
+            w.add(key, *new)
+    if tensors:
+        for name, t in r.tensors.items():
+            w.add_raw_tensor(name, r.raw(name), t.shape, t.type)
+    w.write()
+    return dst
+
+
+@pytest.fixture(scope="module")
+def fim_file(default_model, tmp_path_factory):
+    """The default model with three of its unused control tokens (<repo_name>, <reponame>,
+    <file_sep>: ids 3, 4, 5) renamed to StarCoder's FIM tokens: the default model's own
+    vocabulary has none."""
+    from pyinfer.gguf import GGUFReader, ValueType
+
+    tokens = list(GGUFReader(default_model).metadata["tokenizer.ggml.tokens"])
+    assert not any("fim" in t for t in tokens)
+    tokens[3:6] = ["<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+    return copy_gguf(default_model, tmp_path_factory.mktemp("fim") / "fim.gguf",
+                     metadata={"tokenizer.ggml.tokens": (tokens, ValueType.ARRAY, ValueType.STRING)})
+
+
+def test_fim_tokens_are_found_by_key_or_by_text():
+    from pyinfer.llama_compat import FimTokens, fim_tokens
+
+    base = ["a", "b", "c", "d", "e", "f", "g"]
+
+    def vocab(**at):
+        toks = list(base)
+        for i, t in at.items():
+            toks[int(i[1:])] = t
+        return {"tokenizer.ggml.tokens": toks}
+
+    assert fim_tokens(vocab()) is None
+    assert fim_tokens(vocab(i1="<|fim_prefix|>", i2="<|fim_suffix|>", i3="<|fim_middle|>")) == FimTokens(1, 2, 3)
+    assert fim_tokens(vocab(i4="<fim-prefix>", i5="<fim-suffix>", i6="<fim-middle>")) == FimTokens(4, 5, 6)
+    bar = "\uff5c"  # DeepSeek's full-width vertical bar
+    deepseek = vocab(i0=f"<{bar}fim\u2581begin{bar}>", i1=f"<{bar}fim\u2581hole{bar}>", i2=f"<{bar}fim\u2581end{bar}>")
+    assert fim_tokens(deepseek) == FimTokens(0, 1, 2)
+    assert fim_tokens(vocab(i0="\u2581<PRE>", i1="\u2581<SUF>", i2="\u2581<MID>")) == FimTokens(0, 1, 2)
+    assert fim_tokens(vocab(i1="<fim_prefix>", i2="<fim_suffix>")) is None  # no middle token
+    # Metadata keys win over texts; the older names count too; an id outside the vocabulary does not.
+    md = {**vocab(i1="<fim_prefix>", i2="<fim_suffix>", i3="<fim_middle>"), "tokenizer.ggml.fim_pre_token_id": 6,
+          "tokenizer.ggml.suffix_token_id": 5, "tokenizer.ggml.fim_mid_token_id": 99}
+    assert fim_tokens(md) == FimTokens(6, 5, 3)
+
+
+def test_fim_prompt_and_result(fim_file):
+    llm = Llama(model_path=str(fim_file), n_ctx=128, verbose=False)
+    tok = llm.tokenizer()
+    before, after = "def add(a, b):\n    return ", "\n\nprint(add(1, 2))\n"
+    out = llm(before, suffix=after, max_tokens=6, temperature=0)
+    check_completion(out)
+    pre, suf = [3, *tok.encode(before, add_bos=False)], [4, *tok.encode(after, add_bos=False)]
+    want = pre + suf + [5]  # <fim_prefix> before <fim_suffix> after <fim_middle>
+    assert out["usage"]["prompt_tokens"] == len(want)
+    assert llm.input_ids[: len(want)].tolist() == want
+    # The middle is what comes after that prompt, as a plain completion of its ids gives it;
+    # the suffix is not appended (it is the text after the gap).
+    plain = llm(want, max_tokens=6, temperature=0)["choices"][0]["text"]
+    assert out["choices"][0]["text"] == plain
+    streamed = "".join(c["choices"][0]["text"] for c in llm(before, suffix=after, max_tokens=6, temperature=0,
+                                                           stream=True))
+    assert streamed == plain
+    # Suffix first with spm_infill; an empty suffix still makes a FIM prompt.
+    spm = Llama(model_path=str(fim_file), n_ctx=128, spm_infill=True, verbose=False)
+    spm(before, suffix=after, max_tokens=1, temperature=0)
+    assert spm.input_ids[: len(want)].tolist() == suf + pre + [5]
+    llm(before, suffix="", max_tokens=1, temperature=0)
+    assert llm.input_ids[: len(pre) + 2].tolist() == pre + [4, 5]
+
+
+def test_suffix_without_fim_tokens_is_an_error(llm):
+    with pytest.raises(ValueError, match="has no FIM tokens"):
+        llm("def add(a, b):", suffix="\n", max_tokens=4)
+    llm("def add(a, b):", suffix=None, max_tokens=1)  # None is no suffix
+
+
+def test_vocab_only_loads_the_tokenizer_alone(default_model, tmp_path, llm):
+    from pyinfer.gguf import GGUFReader
+
+    # A file with the vocabulary and no tensor at all (as llama.cpp's ggml-vocab-*.gguf): the
+    # weights are not needed, so none is read.
+    vocab = copy_gguf(default_model, tmp_path / "vocab.gguf", tensors=False)
+    assert not GGUFReader(vocab).tensors
+    with pytest.raises(ValueError, match=r"tensor token_embd\.weight is missing"):
+        Llama(model_path=str(vocab), verbose=False)
+    v = Llama(model_path=str(vocab), vocab_only=True, verbose=False)
+    text = b"Hello World<|im_end|>"
+    for kw in ({}, {"add_bos": False}, {"special": True}):
+        assert v.tokenize(text, **kw) == llm.tokenize(text, **kw)
+    ids = llm.tokenize(text, special=True)
+    assert v.detokenize(ids) == llm.detokenize(ids) and v.detokenize(ids, special=True) == text
+    assert (v.n_vocab(), v.n_embd(), v.token_bos(), v.token_eos()) == (llm.n_vocab(), llm.n_embd(), llm.token_bos(),
+                                                                       llm.token_eos())
+    assert v.n_ctx() == N_CTX and v.metadata == llm.metadata and v._ctx is None
+    assert v.model_params.vocab_only and not llm.model_params.vocab_only
+    for call in (lambda: v("Hello", max_tokens=1), lambda: v.eval(ids), lambda: v.embed("Hello"),
+                 lambda: v.create_chat_completion([{"role": "user", "content": "Hi"}]), lambda: v.sample()):
+        with pytest.raises(RuntimeError, match="vocab_only=True"):
+            call()
+    v.reset()  # nothing to empty, and no error
+    from pyinfer.llama_compat import LlamaTokenizer
+
+    t = LlamaTokenizer.from_ggml_file(vocab)
+    assert t.encode("Hello World") == llm.tokenizer().encode("Hello World") and t.decode(ids[:2]) == "Hello World"
+
+
+FORMAT_MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Name a colour."},
+]
+
+# What each format opens a reply with, and the markers its turns carry.
+FORMAT_MARKS = {
+    "chatml": ("<|im_start|>assistant\n",
+               ["<|im_start|>system\nBe brief.<|im_end|>", "<|im_start|>user\nHi<|im_end|>"]),
+    "llama-2": (" [/INST]", ["[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello!", "[INST] Name a colour."]),
+    "llama-3": ("<|start_header_id|>assistant<|end_header_id|>\n\n",
+                ["<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"]),
+    "mistral-instruct": (" [/INST]", ["[INST] Be brief.\n\nHi [/INST]Hello!"]),
+    "gemma": ("<start_of_turn>model\n", ["<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"]),
+    "phi-3": ("<|assistant|>\n", ["<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n"]),
+    "alpaca": ("### Response:\n", ["Be brief.\n\n### Instruction:\nHi\n\n### Response:\nHello!"]),
+    "vicuna": ("ASSISTANT:", ["Be brief. USER: Hi ASSISTANT: Hello!</s>USER: Name a colour."]),
+    "zephyr": ("<|assistant|>\n", ["<|system|>\nBe brief.</s>\n<|user|>\nHi</s>\n<|assistant|>\nHello!</s>"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORMAT_MARKS))
+def test_builtin_chat_formats(default_model, name):
+    from pyinfer.chat import CHAT_FORMATS
+
+    m = Llama(model_path=str(default_model), n_ctx=256, chat_format=name, verbose=False)
+    prompt = m._chat_template.render(FORMAT_MESSAGES)
+    opener, marks = FORMAT_MARKS[name]
+    assert prompt.endswith(opener) and prompt.count("Name a colour.") == 1
+    for mark in marks:
+        assert mark in prompt
+    # Llama 2 and 3, Mistral and Gemma open with the BOS token, where the file adds one (the
+    # default model adds none).
+    from pyinfer.chat import ChatTemplate
+
+    with_bos = ChatTemplate(CHAT_FORMATS[name].template, bos_token="<s>", eos_token="</s>").render(FORMAT_MESSAGES)
+    assert with_bos.startswith("<s>") == (name in ("llama-2", "llama-3", "mistral-instruct", "gemma"))
+    assert m._chat_template.bos_token == "" and not prompt.startswith("<s>")
+    out = m.create_chat_completion(FORMAT_MESSAGES, max_tokens=24, temperature=0)
+    reply = check_chat(out)["message"]["content"]
+    assert CHAT_FORMATS[name].stop not in reply  # the format's end of turn stops the reply
+    ids = m.tokenize(prompt.encode(), add_bos=False, special=True)
+    assert out["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_default_chat_format_is_the_files_template(default_model, llm):
+    assert llm._chat_template.source == Model.load(default_model, n_ctx=64).chat_template.source
+    with pytest.raises(ValueError, match="'chatml', 'gemma', 'llama-2', 'llama-3', 'mistral-instruct', 'phi-3'"):
+        Llama(model_path=str(default_model), chat_format="llama2", verbose=False)
+
+
+def test_parameters_and_accessors(default_model, llm):
+    import pickle
+
+    m = Llama(model_path=str(default_model), n_ctx=0, n_batch=64, rope_freq_base=0, verbose=False)
+    assert m.context_params.n_ctx == m.n_ctx() == 8192 and m.context_params.n_batch == 64
+    assert llm.context_params.n_ctx == N_CTX and llm.context_params.n_threads == llm.n_threads
+    assert (llm.n_vocab(), llm.n_embd()) == (49152, 576) and llm.token_eos() == 2
+    assert llm.tokenizer().decode(llm.tokenizer().encode("Hello World")) == "Hello World"
+    assert llm.metadata["general.architecture"] == "llama" and llm.model_path == str(default_model)
+    assert llm._is_recurrent is False and llm._is_hybrid is False
+    again = pickle.loads(pickle.dumps(llm))
+    assert again.n_ctx() == llm.n_ctx() and again is not llm
+    assert again("The capital of France is", max_tokens=4, temperature=0)["choices"][0]["text"] == llm(
+        "The capital of France is", max_tokens=4, temperature=0)["choices"][0]["text"]

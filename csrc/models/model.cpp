@@ -386,6 +386,17 @@ Batch::Batch(std::shared_ptr<const Model> model, int64_t n_rows)
 
 void Batch::step(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* logits,
                  Precision precision, int n_threads) {
+  run(seqs, ids, counts, n, logits, nullptr, precision, n_threads);
+}
+
+void Batch::embed(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* hidden,
+                  Precision precision, int n_threads) {
+  run(seqs, ids, counts, n, nullptr, hidden, precision, n_threads);
+}
+
+// step (logits of each sequence's last token) or embed (hidden states of every token).
+void Batch::run(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* logits,
+                float* hidden, Precision precision, int n_threads) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
   if (!lock.owns_lock()) throw std::runtime_error("this batch is in use by another thread");
   if (n < 1 || n > n_rows_)
@@ -429,10 +440,13 @@ void Batch::step(Sequence* const* seqs, const int32_t* ids, const int64_t* count
       scratch_.pos[row + i] = seq.n_past_ + i;
     }
     segs.push_back(Segment{&seq.cache_, row, counts[b], seq.n_past_});
+    if (hidden != nullptr)
+      for (int64_t i = row; i < row + counts[b]; ++i) out_rows.push_back(i);
     row += counts[b];
-    out_rows.push_back(row - 1);
+    if (hidden == nullptr) out_rows.push_back(row - 1);
   }
-  model_->forward(segs, rows, scratch_, out_rows.data(), n, logits, precision, n_threads);
+  model_->forward(segs, rows, scratch_, out_rows.data(), static_cast<int64_t>(out_rows.size()), logits, precision,
+                  n_threads, hidden);
   for (int64_t b = 0; b < n; ++b) seqs[b]->n_past_ += counts[b];
 }
 

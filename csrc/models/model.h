@@ -225,10 +225,17 @@ class Batch {
   // mode; exact mode may differ in float rounding (its kernels block over rows).
   void step(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* logits,
             Precision precision, int n_threads);
+  // As step, writing instead the final hidden states (after the output norm) of every token
+  // of every sequence, in the order of ids, to hidden[sum(counts)][n_embd]: many texts'
+  // embeddings in one forward pass, each row what seqs[b]->embed gives for it alone.
+  void embed(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* hidden,
+             Precision precision, int n_threads);
 
   int64_t n_rows() const { return n_rows_; }
 
  private:
+  void run(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* logits, float* hidden,
+           Precision precision, int n_threads);
   std::shared_ptr<const Model> model_;
   int64_t n_rows_;
   std::mutex busy_;

@@ -250,3 +250,9 @@ class Batch:
         what contexts[b].eval of its tokens would give alone (bit for bit in fast mode). Raises
         ValueError (bad id or count, full or repeated context) before changing any state,
         RuntimeError if a context is in use by another thread."""
+
+    def embed(self, contexts: list[Sequence], ids: npt.NDArray[np.int32], counts: npt.NDArray[np.int64],
+              hidden: npt.NDArray[np.float32], precision: str, n_threads: int) -> None:
+        """As step, writing the final hidden states (after the output norm) of every token, in
+        the order of ids, into hidden [sum(counts), n_embd] (no logits): each row what
+        contexts[b].embed of its tokens would give alone."""

@@ -73,6 +73,80 @@ GEMMA_TURNS = """{{ bos_token }}
 BUILTIN_TEMPLATES = {"gemma3": GEMMA_TURNS}
 
 
+@dataclass(frozen=True)
+class ChatFormat:
+    """A named prompt format (llama-cpp-python's `chat_format=` names): its template, and the
+    text that ends a reply in it (a stop string; the model's own end-of-turn tokens stop
+    generation anyway)."""
+
+    template: str
+    stop: str
+
+
+def _turns(system: str, user: str, assistant: str, generation: str) -> str:
+    """A template of one header per message: system/user/assistant are Jinja expressions of
+    `m` (the message) and `c` (its content), generation the header that opens the reply."""
+    return (
+        "{%- for m in messages -%}{%- set c = m.content or '' -%}"
+        "{%- if m.role == 'system' -%}{{ " + system + " }}"
+        "{%- elif m.role == 'user' -%}{{ " + user + " }}"
+        "{%- elif m.role == 'assistant' -%}{{ " + assistant + " }}"
+        "{%- else -%}{{ raise_exception('this chat format has no ' + m.role + ' turns') }}{%- endif -%}"
+        "{%- endfor -%}{%- if add_generation_prompt -%}{{ " + generation + " }}{%- endif -%}"
+    )
+
+
+# Llama 2 and Mistral's [INST] turns: a system message goes inside the first user turn (Llama 2
+# in a <<SYS>> block, Mistral ahead of the text), each reply is closed by the EOS token, and
+# (Llama 2) the next turn opens with the BOS token again.
+_LLAMA2 = (
+    "{{- bos_token -}}{%- set ns = namespace(system='', replied=false) -%}"
+    "{%- for m in messages -%}{%- set c = m.content or '' -%}"
+    "{%- if m.role == 'system' -%}{%- set ns.system = '<<SYS>>\\n' + c + '\\n<</SYS>>\\n\\n' -%}"
+    "{%- elif m.role == 'user' -%}{{ (bos_token if ns.replied else '') + '[INST] ' + ns.system + c + ' [/INST]' }}"
+    "{%- set ns.system = '' -%}{%- set ns.replied = false -%}"
+    "{%- elif m.role == 'assistant' -%}{{ ' ' + c + ' ' + eos_token }}{%- set ns.replied = true -%}"
+    "{%- else -%}{{ raise_exception('this chat format has no ' + m.role + ' turns') }}{%- endif -%}"
+    "{%- endfor -%}"
+)
+_MISTRAL = (
+    "{{- bos_token -}}{%- set ns = namespace(system='') -%}"
+    "{%- for m in messages -%}{%- set c = m.content or '' -%}"
+    "{%- if m.role == 'system' -%}{%- set ns.system = c + '\\n\\n' -%}"
+    "{%- elif m.role == 'user' -%}{{ '[INST] ' + ns.system + c + ' [/INST]' }}{%- set ns.system = '' -%}"
+    "{%- elif m.role == 'assistant' -%}{{ c + eos_token }}"
+    "{%- else -%}{{ raise_exception('this chat format has no ' + m.role + ' turns') }}{%- endif -%}"
+    "{%- endfor -%}"
+)
+
+# The formats by llama-cpp-python's names. The text of each turn is the format's published
+# layout; a format that opens with the BOS token writes bos_token itself (the prompt is
+# tokenized without adding one, as for a file's own template; pyinfer.Llama blanks it for a
+# file that adds no BOS).
+CHAT_FORMATS: dict[str, ChatFormat] = {
+    "chatml": ChatFormat(_turns("'<|im_start|>system\\n' + c + '<|im_end|>\\n'",
+                                "'<|im_start|>user\\n' + c + '<|im_end|>\\n'",
+                                "'<|im_start|>assistant\\n' + c + '<|im_end|>\\n'",
+                                "'<|im_start|>assistant\\n'"), "<|im_end|>"),
+    "llama-2": ChatFormat(_LLAMA2, "</s>"),
+    "llama-3": ChatFormat("{{- bos_token -}}" + _turns(
+        "'<|start_header_id|>system<|end_header_id|>\\n\\n' + c + '<|eot_id|>'",
+        "'<|start_header_id|>user<|end_header_id|>\\n\\n' + c + '<|eot_id|>'",
+        "'<|start_header_id|>assistant<|end_header_id|>\\n\\n' + c + '<|eot_id|>'",
+        "'<|start_header_id|>assistant<|end_header_id|>\\n\\n'"), "<|eot_id|>"),
+    "mistral-instruct": ChatFormat(_MISTRAL, "</s>"),
+    "gemma": ChatFormat(GEMMA_TURNS, "<end_of_turn>"),
+    "phi-3": ChatFormat(_turns("'<|system|>\\n' + c + '<|end|>\\n'", "'<|user|>\\n' + c + '<|end|>\\n'",
+                               "'<|assistant|>\\n' + c + '<|end|>\\n'", "'<|assistant|>\\n'"), "<|end|>"),
+    "alpaca": ChatFormat(_turns("c + '\\n\\n'", "'### Instruction:\\n' + c + '\\n\\n'",
+                                "'### Response:\\n' + c + '\\n\\n'", "'### Response:\\n'"), "### Instruction:"),
+    "vicuna": ChatFormat(_turns("c + ' '", "'USER: ' + c + ' '", "'ASSISTANT: ' + c + '</s>'", "'ASSISTANT:'"),
+                         "USER:"),
+    "zephyr": ChatFormat(_turns("'<|system|>\\n' + c + '</s>\\n'", "'<|user|>\\n' + c + '</s>\\n'",
+                                "'<|assistant|>\\n' + c + '</s>\\n'", "'<|assistant|>\\n'"), "</s>"),
+}
+
+
 def builtin_template(metadata: Mapping[str, Any]) -> str | None:
     """The built-in template for a file that has none of its own, or None."""
     if TEMPLATE_KEY in metadata:

@@ -52,11 +52,20 @@ Where it differs (pyinfer runs on CPUs only, and some features are not implement
   are those of the tokens themselves (llama-cpp-python pairs each with the next position's
   row). Values are Python floats (llama-cpp-python returns NumPy float32s).
 - Chat: `chat_format` may be None (the file's template), "chat_template.default",
-  "chat_template.<name>" for a named template in the file, or "chatml"; the other built-in
-  formats of llama-cpp-python are not available. `logprobs=True` without `top_logprobs` gives
-  the tokens' own log-probabilities (llama-cpp-python gives none).
-- `suffix` is appended to the returned text (no fill-in-the-middle); `echo` also works when
-  streaming (the prompt is the first chunk).
+  "chat_template.<name>" for a named template in the file, or one of the built-in formats
+  (pyinfer.chat.CHAT_FORMATS: chatml, llama-2, llama-3, mistral-instruct, gemma, phi-3,
+  alpaca, vicuna, zephyr; llama-cpp-python's others are not provided, and vicuna has no
+  default system prompt). `logprobs=True` without `top_logprobs` gives the tokens' own
+  log-probabilities (llama-cpp-python gives none).
+- `suffix` makes a fill-in-the-middle prompt from the vocabulary's FIM tokens (fim_tokens:
+  the file's tokenizer.ggml.fim_*_token_id keys, else tokens named like <|fim_prefix|>), and
+  the reply is the middle; on a vocabulary without them it raises ValueError
+  (llama-cpp-python appends the suffix to the text). `echo` also works when streaming (the
+  prompt is the first chunk).
+- `vocab_only=True` reads the file's header alone: tokenize/detokenize and the accessors
+  work, and everything that evaluates raises RuntimeError. `context_params` and
+  `model_params` show the settings as llama-cpp-python's objects do; a Llama pickles as its
+  constructor's arguments.
 - The object has one context, so a call made while a stream is still open ends that stream
   (llama-cpp-python lets both go on evaluating into the same context).
 - `create_embedding` and `embed` pool the final hidden states by their mean (Model.embed);
@@ -65,8 +74,9 @@ Where it differs (pyinfer runs on CPUs only, and some features are not implement
   plain functions), the token-level `generate()` and `sample()`, `save_state` / `load_state`
   (a LlamaState: in memory it carries a copy of the KV cache; pickled, its tokens, evaluated
   again on loading) and `set_cache(LlamaRAMCache())` work as in llama-cpp-python.
-- Not provided: from_pretrained (pyinfer loads no weights from a hub at run time) and
-  tokenizer(). `.model` is the pyinfer Model (a C pointer in llama-cpp-python).
+- Not provided: from_pretrained (pyinfer loads no weights from a hub at run time), nor the
+  low-level C API (llama_cpp.llama_* functions, ctypes structures, llama_cpp._internals).
+  `.model` is the pyinfer Model (a C pointer in llama-cpp-python), `_ctx` its Context.
 """
 
 from __future__ import annotations
@@ -87,11 +97,12 @@ from typing import Any, Optional, Union
 import numpy as np
 
 from pyinfer import _C, openai_types
-from pyinfer.chat import ChatTemplate, builtin_template
+from pyinfer.chat import CHAT_FORMATS, ChatTemplate, builtin_template
 from pyinfer.constraint import Constraint, constraint_from
 from pyinfer.errors import ContextOverflowError, ParameterTypeError
 from pyinfer.generate import CompletionChunk, generate
-from pyinfer.model import Model
+from pyinfer.gguf import GGUFReader
+from pyinfer.model import Context, Model, default_threads
 from pyinfer.registry import resolve_model
 from pyinfer.request import common_prefix
 from pyinfer.sampling import Sampler, SamplingParams, TokenLogprob, log_softmax
@@ -111,7 +122,6 @@ IGNORED_KWARGS = frozenset(
         "split_mode",
         "main_gpu",
         "tensor_split",
-        "vocab_only",
         "use_mmap",
         "use_mlock",
         "n_ubatch",
@@ -133,7 +143,6 @@ IGNORED_KWARGS = frozenset(
         "numa",
         "type_k",
         "type_v",
-        "spm_infill",
         "embedding",  # embeddings need no mode: create_embedding / embed work on any Llama
     }
 )
@@ -172,11 +181,6 @@ COMPLETION_DEFAULTS = SamplingParams(
 )
 CHAT_DEFAULTS = dataclasses.replace(COMPLETION_DEFAULTS, temperature=0.2)
 
-# A plain ChatML template, for chat_format="chatml".
-CHATML_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 StopArg = Optional[Union[str, list[str]]]
 
@@ -356,6 +360,116 @@ class LlamaRAMCache:
             del self._states[next(iter(self._states))]
 
 
+# Fill-in-the-middle: the metadata keys that name the three tokens (llama.cpp's, then those of
+# older converters), and the token texts llama.cpp recognises when a file names none (Qwen
+# and CodeGemma, OpenCoder, StarCoder and Granite, DeepSeek with its full-width bars and the
+# ASCII spelling some conversions have, CodeLlama, GLM-4.5, Falcon-H1).
+FIM_KEYS = {
+    "prefix": ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"),
+    "suffix": ("tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"),
+    "middle": ("tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id"),
+}
+FIM_TEXTS = {
+    "prefix": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim▁begin\uff5c>", "<|fim▁begin|>", "<PRE>",
+               "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "suffix": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim▁hole\uff5c>", "<|fim▁hole|>", "<SUF>",
+               "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "middle": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim▁end\uff5c>", "<|fim▁end|>", "<MID>",
+               "▁<MID>", "<|code_middle|>", "<|middle|>"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class FimTokens:
+    prefix: int
+    suffix: int
+    middle: int
+
+
+def fim_tokens(metadata: Mapping[str, Any]) -> FimTokens | None:
+    """The vocabulary's fill-in-the-middle tokens, or None when it lacks any of the three: each
+    from its metadata key when the file has one, else the first token whose text is one of
+    FIM_TEXTS[part] (in that list's order)."""
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    n = len(tokens) if tokens is not None else 0
+    index: dict[str, int] | None = None
+    found: dict[str, int] = {}
+    for part in ("prefix", "suffix", "middle"):
+        ids = [metadata[k] for k in FIM_KEYS[part] if k in metadata]
+        valid = [int(i) for i in ids if isinstance(i, (int, np.integer)) and 0 <= int(i) < n]
+        if valid:
+            found[part] = valid[0]
+            continue
+        if index is None:
+            wanted = {t for texts in FIM_TEXTS.values() for t in texts}
+            index = {}
+            for i, t in enumerate(tokens if tokens is not None else []):
+                if t in wanted and t not in index:
+                    index[t] = i
+        hit = next((index[t] for t in FIM_TEXTS[part] if t in index), None)
+        if hit is None:
+            return None
+        found[part] = hit
+    return FimTokens(**found)
+
+
+class LlamaTokenizer:
+    """What `Llama.tokenizer()` returns, as in llama-cpp-python: tokenize/detokenize on bytes,
+    encode/decode on str, through the Llama's vocabulary."""
+
+    def __init__(self, llama: Llama) -> None:
+        self._llama = llama
+
+    def tokenize(self, text: bytes, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self._llama.tokenize(text, add_bos=add_bos, special=special)
+
+    def detokenize(self, tokens: list[int], prev_tokens: list[int] | None = None, special: bool = False) -> bytes:
+        return self._llama.detokenize(tokens, prev_tokens=prev_tokens, special=special)
+
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
+        return self.tokenize(text.encode("utf-8", errors="ignore"), add_bos=add_bos, special=special)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.detokenize(tokens).decode("utf-8", errors="ignore")
+
+    @classmethod
+    def from_ggml_file(cls, path: str | os.PathLike[str]) -> LlamaTokenizer:
+        """The tokenizer of a GGUF file alone (its weights are not loaded)."""
+        return cls(Llama(model_path=path, vocab_only=True, verbose=False))
+
+
+@dataclasses.dataclass
+class ModelParams:
+    """The loading settings as llama-cpp-python's `Llama.model_params` shows them (on a CPU
+    the GPU ones only echo what was passed)."""
+
+    vocab_only: bool = False
+    n_gpu_layers: int = 0
+    split_mode: int = 1
+    main_gpu: int = 0
+    use_mmap: bool = True
+    use_mlock: bool = False
+
+
+@dataclasses.dataclass
+class ContextParams:
+    """The context's settings as llama-cpp-python's `Llama.context_params` shows them: n_ctx is
+    the context's real size (the model's training context when 0 was asked for); rope_freq_base
+    and rope_freq_scale are what was passed (0: the file's)."""
+
+    n_ctx: int
+    n_batch: int
+    n_ubatch: int
+    n_threads: int
+    n_threads_batch: int
+    rope_freq_base: float = 0.0
+    rope_freq_scale: float = 0.0
+    embeddings: bool = False
+    offload_kqv: bool = True
+    flash_attn: bool = False
+    no_perf: bool = False
+
+
 class _Sequence:
     """The Llama's context as generate() sees it: a sequence that starts empty, although the
     first `cached` prompt tokens are already in the KV cache from an earlier call and are
@@ -421,8 +535,16 @@ class Llama:
         "float16"). Other llama-cpp-python keywords: see IGNORED_KWARGS / UNSUPPORTED_KWARGS.
         """
         t0 = time.perf_counter()
+        # Pickling a Llama (llama-cpp-python's __getstate__) loads it again from these.
+        self._init_kwargs: dict[str, Any] = dict(
+            model_path=model_path, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, seed=seed,
+            logits_all=logits_all, verbose=verbose, chat_format=chat_format,
+            last_n_tokens_size=last_n_tokens_size, **kwargs)
         extra: dict[str, Any] = {}
-        for name, value in kwargs.items():
+        passed = dict(kwargs)
+        vocab_only = bool(passed.pop("vocab_only", False))
+        self.spm_infill = bool(passed.pop("spm_infill", False))
+        for name, value in passed.items():
             if name in IGNORED_KWARGS:
                 continue
             if name in LEGACY_KWARGS:
@@ -467,44 +589,108 @@ class Llama:
         self.set_seed(seed)
         self.last_n_tokens_size = int(last_n_tokens_size)
         self._logits_all = bool(logits_all)
+        # llama-cpp-python's flags for recurrent and hybrid (attention + recurrent) models:
+        # every architecture pyinfer runs is a transformer with a KV cache.
+        self._is_recurrent = False
+        self._is_hybrid = False
 
-        self.model = Model.load(path, n_threads=n_threads, **extra)
-        config = self.model.config
-        self._n_ctx = int(n_ctx) if n_ctx else config.n_ctx_train
-        self.n_batch = min(self._n_ctx, int(n_batch))
-        self.n_threads = self.model.n_threads
-        self._context = self.model.context(self._n_ctx, n_batch=self.n_batch)
-        self._tokenizer = self.model.tokenizer
-        self._n_vocab = config.n_vocab
-        self.metadata: dict[str, str] = _metadata_strings(self.model.reader.metadata)
+        self.model: Model | None
+        if vocab_only:
+            # The tokenizer alone: the header is parsed (its pages are all that is read) and the
+            # file unmapped again; no weight is touched, nor any context made.
+            with GGUFReader(path) as reader:
+                md = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in reader.metadata.items()}
+            self.model = None
+            self._md: Mapping[str, Any] = md
+            self._tokenizer = Tokenizer(md)
+            arch = md.get("general.architecture", "")
+            n_train = md.get(f"{arch}.context_length")
+            self._n_ctx = int(n_ctx) if n_ctx else int(n_train) if isinstance(n_train, (int, np.integer)) else 0
+            self.n_batch = min(self._n_ctx, int(n_batch)) if self._n_ctx else int(n_batch)
+            self.n_threads = int(n_threads) if n_threads else default_threads()
+            self._ctx_obj: Context | None = None
+            self._n_vocab = len(md["tokenizer.ggml.tokens"])
+            self.scores = np.empty((0, self._n_vocab), dtype=np.single)
+            desc = f"vocabulary only ({self._n_vocab} tokens)"
+        else:
+            self.model = Model.load(path, n_threads=n_threads, **extra)
+            config = self.model.config
+            self._md = self.model.reader.metadata
+            self._n_ctx = int(n_ctx) if n_ctx else config.n_ctx_train
+            self.n_batch = min(self._n_ctx, int(n_batch))
+            self.n_threads = self.model.n_threads
+            self._ctx_obj = self.model.context(self._n_ctx, n_batch=self.n_batch)
+            self._tokenizer = self.model.tokenizer
+            self._n_vocab = config.n_vocab
+            # np.empty commits memory only for the rows written.
+            self.scores = np.empty((self._n_ctx, self._n_vocab), dtype=np.single)
+            desc = (f"{config.architecture}, {config.n_layer} layers, vocab {config.n_vocab}) "
+                    f"n_ctx={self._n_ctx} n_batch={self.n_batch} n_threads={self.n_threads} "
+                    f"precision={self.model.precision} isa={_C.get_isa()}")
+        self.metadata: dict[str, str] = _metadata_strings(self._md)
+        self._fim = fim_tokens(self._md)
+        self.model_params = ModelParams(
+            vocab_only=vocab_only, n_gpu_layers=int(kwargs.get("n_gpu_layers", 0) or 0),
+            use_mmap=bool(kwargs.get("use_mmap", True)), use_mlock=bool(kwargs.get("use_mlock", False)))
+        self.context_params = ContextParams(
+            n_ctx=self._n_ctx, n_batch=self.n_batch, n_ubatch=min(self.n_batch, int(kwargs.get("n_ubatch", 512))),
+            n_threads=self.n_threads, n_threads_batch=self.n_threads,
+            rope_freq_base=float(kwargs.get("rope_freq_base", 0.0) or 0.0),
+            rope_freq_scale=float(kwargs.get("rope_freq_scale", 0.0) or 0.0),
+            embeddings=bool(kwargs.get("embedding", False)), flash_attn=bool(kwargs.get("flash_attn", False)))
 
-        # Like llama-cpp-python's; np.empty commits memory only for the rows written.
+        # Like llama-cpp-python's.
         self.n_tokens = 0
         self.input_ids: np.ndarray = np.zeros(self._n_ctx, dtype=np.intc)
-        self.scores: np.ndarray = np.empty((self._n_ctx, self._n_vocab), dtype=np.single)
         self._stream: Iterator[Any] | None = None  # an open completion stream
         self.cache: LlamaRAMCache | None = None  # set_cache
 
         self.chat_format = chat_format
+        self._chat_stops: list[str] = []
         self._chat_template = self._resolve_chat_format(chat_format)
 
         if self.verbose:
-            print(
-                f"pyinfer: loaded {self.model_path} ({config.architecture}, {config.n_layer} "
-                f"layers, vocab {config.n_vocab}) n_ctx={self._n_ctx} n_batch={self.n_batch} "
-                f"n_threads={self.n_threads} precision={self.model.precision} "
-                f"isa={_C.get_isa()} in {time.perf_counter() - t0:.2f} s",
-                file=sys.stderr,
-            )
+            print(f"pyinfer: loaded {self.model_path} ({desc} in {time.perf_counter() - t0:.2f} s",
+                  file=sys.stderr)
+
+    def _need_model(self, what: str) -> Model:
+        """The model, or a clear error on a Llama loaded with vocab_only=True."""
+        if self.model is None:
+            raise RuntimeError(f"Llama.{what}() needs the model's weights, but {self.model_path} was loaded "
+                               "with vocab_only=True (tokenize/detokenize only): load it without vocab_only")
+        return self.model
+
+    @property
+    def _context(self) -> Context:
+        if self._ctx_obj is None:
+            self._need_model("eval")
+        assert self._ctx_obj is not None
+        return self._ctx_obj
+
+    @property
+    def _ctx(self) -> Context | None:
+        """The context (a pyinfer Context; llama-cpp-python's wraps llama.cpp's), None with
+        vocab_only."""
+        return self._ctx_obj
+
+    def __getstate__(self) -> dict[str, Any]:
+        # As llama-cpp-python: a pickled Llama is its constructor's arguments, loaded again
+        # when unpickled (the sequence in the context is not kept: save_state keeps that).
+        return dict(self._init_kwargs)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state)  # type: ignore[misc]
 
     # -- chat formats --
 
     def _resolve_chat_format(self, chat_format: str | None) -> ChatTemplate | None:
         """The template for chat_format, or None when the file has none (an error at the
         first chat call, not at load: a model may be used for completions only)."""
-        md = self.model.reader.metadata
+        md = self._md
+        if chat_format is not None and not isinstance(chat_format, str):
+            raise ParameterTypeError(f"chat_format must be a str or None, not {type(chat_format).__name__}")
         if chat_format is None and builtin_template(md) is not None:
-            return self.model.chat_template  # the architecture's built-in turns (Gemma's)
+            return ChatTemplate.from_metadata(md)  # the architecture's built-in turns (Gemma's)
         if chat_format is None or chat_format == "chat_template.default":
             if "tokenizer.chat_template" not in md:
                 if chat_format is not None:
@@ -512,9 +698,14 @@ class Llama:
                         "chat_format='chat_template.default': the file has no chat template"
                     )
                 return None
-            return self.model.chat_template
-        if chat_format == "chatml":
-            return ChatTemplate.from_metadata(md, template=CHATML_TEMPLATE)
+            return self.model.chat_template if self.model is not None else ChatTemplate.from_metadata(md)
+        if chat_format in CHAT_FORMATS:
+            fmt = CHAT_FORMATS[chat_format]
+            self._chat_stops = [fmt.stop]
+            tmpl = ChatTemplate.from_metadata(md, template=fmt.template)
+            if not self._tokenizer.add_bos:
+                tmpl.bos_token = ""  # the BOS a format opens with, only where the file adds one (llama.cpp's rule)
+            return tmpl
         if chat_format.startswith("chat_template."):
             name = chat_format[len("chat_template.") :]
             if f"tokenizer.chat_template.{name}" in md:
@@ -525,7 +716,7 @@ class Llama:
         choices = ["chat_template.default"] if "tokenizer.chat_template" in md else []
         raise ValueError(
             f"chat_format {chat_format!r} is not available: use None (the file's template), "
-            f"{', '.join(map(repr, choices + named + ['chatml']))}"
+            f"{', '.join(map(repr, choices + named + sorted(CHAT_FORMATS)))}"
         )
 
     # -- embeddings --
@@ -536,12 +727,15 @@ class Llama:
         lists): the mean of the final hidden states, scaled to unit length with normalize.
         truncate: a text longer than n_ctx keeps its first n_ctx tokens (else ValueError).
         return_count: also return the number of tokens embedded."""
+        model = self._need_model("embed")
         one = isinstance(input, str) or (isinstance(input, list) and bool(input) and isinstance(input[0], int))
         items: list[Any] = [input] if one else list(input)
         ids = [self._tokenizer.tokenize(t) if isinstance(t, str) else list(t) for t in items]
         if truncate:
-            ids = [t[: self._n_ctx] for t in ids]
-        rows = self.model.embed(ids, normalize=normalize).tolist() if ids else []  # contexts of its own
+            limit = min(self._n_ctx, model.n_ctx)  # the model's own cap applies to embeddings too
+            ids = [t[:limit] for t in ids]
+        # Evaluated together, in contexts of their own (Model.embed), not in this Llama's.
+        rows = model.embed(ids, normalize=normalize).tolist() if ids else []
         out = rows[0] if one else rows
         return (out, sum(map(len, ids))) if return_count else out
 
@@ -589,7 +783,14 @@ class Llama:
         return self._n_vocab
 
     def n_embd(self) -> int:
-        return self.model.config.n_embd
+        if self.model is not None:
+            return self.model.config.n_embd
+        n = self._md.get(f"{self._md.get('general.architecture', '')}.embedding_length")
+        return int(n) if isinstance(n, (int, np.integer)) else 0
+
+    def tokenizer(self) -> LlamaTokenizer:
+        """The vocabulary as a tokenizer object (encode/decode on str, tokenize/detokenize on bytes)."""
+        return LlamaTokenizer(self)
 
     def token_bos(self) -> int:
         """The BOS id, -1 when the vocabulary has none."""
@@ -639,12 +840,14 @@ class Llama:
         """Empty the context (n_tokens = 0)."""
         self._close_stream()
         self.n_tokens = 0
-        self._context.reset()
+        if self._ctx_obj is not None:
+            self._ctx_obj.reset()
 
     def eval(self, tokens: Sequence[int]) -> None:
         """Evaluate tokens at positions n_tokens.. (a caller may lower n_tokens to rewind),
         storing them in input_ids and their logits in scores (every row with logits_all,
         else the last one's)."""
+        self._need_model("eval")
         self._close_stream()
         ids = _token_list(tokens, "tokens")
         if not ids:
@@ -698,6 +901,7 @@ class Llama:
         _not_implemented("typical_p", typical_p, 1.0)
         _not_implemented("mirostat_mode", mirostat_mode, 0)
         _not_implemented("grammar", grammar, None)
+        self._need_model("sample")
         if self.n_tokens == 0:
             raise ValueError("nothing evaluated yet: eval() tokens before sample()")
         row = self.scores[self.n_tokens - 1 if idx is None else idx].copy()
@@ -721,6 +925,7 @@ class Llama:
         """Evaluate tokens, then sample and yield one token at a time for ever (the caller
         stops: a context that fills raises ContextOverflowError). With reset, the context
         keeps the longest common prefix of what it holds and tokens, evaluating the rest."""
+        self._need_model("generate")
         ids = _token_list(tokens, "tokens")
         stopping = _hook_list(stopping_criteria, StoppingCriteriaList, "stopping_criteria")
         if reset:
@@ -747,13 +952,14 @@ class Llama:
         rows = self.scores[:n].copy() if self._logits_all else self.scores[max(0, n - 1) : n].copy()
         kv = None
         if n:
-            kv = self.model.context(n_ctx=n, n_batch=1)
+            kv = self._need_model("save_state").context(n_ctx=n, n_batch=1)
             kv.copy_prefix(self._context, n)
         return LlamaState(self.input_ids[:n].copy(), rows, n, self._seed, self.model_path, kv)
 
     def load_state(self, state: LlamaState) -> None:
         """Continue from a saved state (of a Llama of the same model file): its tokens are
         evaluated into this context."""
+        self._need_model("load_state")
         if not isinstance(state, LlamaState):
             raise ParameterTypeError(f"state must be a LlamaState, not {type(state).__name__}")
         if Path(state.model_path).name != Path(self.model_path).name:
@@ -786,7 +992,8 @@ class Llama:
     def close(self) -> None:
         """End an open stream and empty the context."""
         self._close_stream()
-        self._context.reset()
+        if self._ctx_obj is not None:
+            self._ctx_obj.reset()
         self.n_tokens = 0
 
     def __enter__(self) -> Llama:
@@ -817,6 +1024,28 @@ class Llama:
         raise ParameterTypeError(
             f"prompt must be a str or a list of token ids, not {type(prompt).__name__}"
         )
+
+    def _fim_prompt(self, prompt: str | list[int], ids: list[int], suffix: str) -> list[int]:
+        """The fill-in-the-middle prompt for a text before (prompt) and after (suffix) the gap:
+        [BOS] <prefix> prompt <suffix> suffix <middle>, llama.cpp's order (with spm_infill:
+        <suffix> suffix <prefix> prompt <middle>), the model writing the middle next. Texts are
+        tokenized without matching control-token texts; a prompt of ids is used as it is."""
+        f = self._fim
+        if f is None:
+            raise ValueError(
+                f"suffix is given, which asks for fill-in-the-middle, but the vocabulary of {self.model_path} has "
+                "no FIM tokens (none named by tokenizer.ggml.fim_pre_token_id / fim_suf_token_id / "
+                "fim_mid_token_id, nor tokens such as <|fim_prefix|> or <fim_prefix>): leave suffix out"
+            )
+        tok = self._tokenizer
+        if isinstance(prompt, str):
+            bos = [tok.bos_id] if tok.add_bos and tok.bos_id is not None else []
+            before = tok.tokenize(prompt, add_bos=False, special=False) if prompt else []
+        else:
+            bos, before = [], ids
+        after = tok.tokenize(suffix, add_bos=False, special=False) if suffix else []
+        pre, suf = [f.prefix, *before], [f.suffix, *after]
+        return bos + (suf + pre if self.spm_infill else pre + suf) + [f.middle]
 
     def _prompt_logprobs(self, ids: list[int], n_top: int) -> list[TokenLogprob | None]:
         """Each prompt token's log-probability given the tokens before it, from the rows the
@@ -874,6 +1103,7 @@ class Llama:
         the prompt. tfs_z, mirostat_tau and mirostat_eta are accepted and unused (tfs_z is
         gone from llama.cpp; mirostat is not implemented).
         """
+        self._need_model("create_completion")
         self._close_stream()
         if suffix is not None and not isinstance(suffix, str):
             raise ParameterTypeError(f"suffix must be a str or None, not {type(suffix).__name__}")
@@ -890,6 +1120,8 @@ class Llama:
             )
 
         ids, prompt_text = self._prompt_ids(prompt)
+        if suffix is not None:
+            ids = self._fim_prompt(prompt, ids, suffix)
         if not ids:
             raise ValueError(
                 "the prompt is empty (and this model adds no BOS token): nothing to continue"
@@ -977,9 +1209,7 @@ class Llama:
             return openai_types.text_completion(cid, created, name, text, lp, finish)
 
         if stream:
-            it = self._stream_completion(
-                chunks, ids, prompt_text, bool(echo), suffix, logprobs, shape
-            )
+            it = self._stream_completion(chunks, ids, prompt_text, bool(echo), logprobs, shape)
             self._stream = it
             return it
 
@@ -1008,8 +1238,6 @@ class Llama:
                 )
         if echo:
             text = prompt_text + text
-        if suffix is not None:
-            text += suffix
         self._report(last)
         result = shape(text, lp_dict, "stop" if last.finish_reason == "stop" else "length")
         result["usage"] = openai_types.usage(len(ids), len(out_ids))
@@ -1021,14 +1249,13 @@ class Llama:
         ids: list[int],
         prompt_text: str,
         echo: bool,
-        suffix: str | None,
         logprobs: int | None,
         shape: Callable[
             [str, openai_types.CompletionLogprobs | None, str | None], openai_types.TextCompletion
         ],
     ) -> Iterator[openai_types.TextCompletion]:
         """The stream of create_completion: a chunk per piece of text generate() emits, the
-        prompt first with echo, the suffix last, then an empty chunk with the finish_reason."""
+        prompt first with echo, then an empty chunk with the finish_reason."""
         offset = len(prompt_text)
         finish = "length"
         try:
@@ -1052,8 +1279,6 @@ class Llama:
                 if ch.finish_reason is not None:
                     finish = "stop" if ch.finish_reason == "stop" else "length"
                     self._report(ch)
-            if suffix:
-                yield shape(suffix, None, None)
             yield shape("", None, finish)
         finally:
             chunks.close()  # type: ignore[attr-defined]
@@ -1121,6 +1346,7 @@ class Llama:
         "tool_calls" (with "auto", a reply that is a JSON call of a known function is too). A
         JSON response_format or a grammar constrains the reply.
         """
+        self._need_model("create_chat_completion")
         if self._chat_template is None:
             raise ValueError(
                 f"{self.model_path} has no chat template (tokenizer.chat_template): pass "
@@ -1150,6 +1376,7 @@ class Llama:
         stops = [] if stop is None else [stop] if isinstance(stop, str) else list(stop)
         if self._chat_template.eos_token:
             stops.append(self._chat_template.eos_token)
+        stops += [s for s in self._chat_stops if s not in stops]  # a built-in chat_format's end of turn
         n_top = None
         if logprobs:
             n_top = top_logprobs or 0

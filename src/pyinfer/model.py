@@ -10,7 +10,7 @@ import os
 import threading
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 import numpy as np
 
@@ -186,6 +186,28 @@ class Batch:
         be distinct contexts of this model with room for their tokens; on any error
         (ValueError: bad id or count, full or repeated context; RuntimeError: a context in
         use by another thread) no context changes."""
+        ctxs, ids, counts = self._prepare(contexts, tokens)
+        m = self.model
+        out = np.empty((len(ctxs), m.n_vocab), np.float32)
+        m.reader.check_unchanged()  # a GGUFError instead of a SIGBUS on a truncated file
+        self._batch.step([c._ctx for c in ctxs], ids, counts, out, m.precision, m.n_threads)
+        return out
+
+    def embed(self, contexts: Sequence[Context], tokens: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
+        """As step, returning instead the final hidden states (after the output norm) of every
+        token, the contexts' rows back to back in the order given, [sum of lengths, n_embd]:
+        contexts[b]'s rows are what contexts[b].hidden(tokens[b]) returns (bit for bit with
+        precision="fast")."""
+        ctxs, ids, counts = self._prepare(contexts, tokens)
+        m = self.model
+        out = np.empty((ids.size, m.config.n_embd), np.float32)
+        m.reader.check_unchanged()
+        self._batch.embed([c._ctx for c in ctxs], ids, counts, out, m.precision, m.n_threads)
+        return out
+
+    def _prepare(self, contexts: Sequence[Context], tokens: Sequence[Sequence[int]] | np.ndarray
+                 ) -> tuple[list[Context], np.ndarray, np.ndarray]:
+        """The contexts, the ids back to back (int32) and the counts (int64) of a step, checked."""
         m = self.model
         ctxs = list(contexts)
         if not ctxs:
@@ -206,11 +228,7 @@ class Batch:
         if ids.min() < 0 or ids.max() >= m.n_vocab:
             bad = int(ids[(ids < 0) | (ids >= m.n_vocab)][0])
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {m.n_vocab})")
-        out = np.empty((len(ctxs), m.n_vocab), np.float32)
-        m.reader.check_unchanged()  # a GGUFError instead of a SIGBUS on a truncated file
-        self._batch.step([c._ctx for c in ctxs], np.ascontiguousarray(ids, np.int32), counts, out,
-                         m.precision, m.n_threads)
-        return out
+        return ctxs, np.ascontiguousarray(ids, np.int32), counts
 
 
 class Model:
@@ -374,39 +392,67 @@ class Model:
         pooling: Literal["mean", "last", "cls"] = "mean",
         normalize: bool = True,
         add_bos: bool | None = None,
+        n_rows: int | None = None,
     ) -> np.ndarray:
         """Embeddings of texts (or token-id lists), one row each [len(texts), n_embd] float32
         (a single text: one row [n_embd]): the final hidden states (after the output norm)
         pooled over the text's tokens by their mean, the last token's or the first's ("cls"),
-        scaled to unit length with normalize. Each text runs in a fresh context; a text longer
-        than n_ctx raises ContextOverflowError."""
+        scaled to unit length with normalize. A text longer than n_ctx raises
+        ContextOverflowError.
+
+        The texts are evaluated together: packed in order into forward passes of up to n_rows
+        token rows (default n_batch), each text in a context of its own (a text longer than
+        that is continued in the next pass), so every weight is read once per pass for all of
+        them. Each row is the one the text gives alone: the same bits with precision="fast",
+        float rounding with "exact" (its matrix kernels block over rows)."""
         from pyinfer.errors import ContextOverflowError
-        from pyinfer.generate import context_pool  # the driver imports the model, not back
 
         _check_choice("pooling", pooling, ("mean", "last", "cls"))
+        rows = _check_positive_int("n_rows", n_rows if n_rows is not None else self.n_batch, MAX_TOKENS)
         one = isinstance(texts, str)
         items = [texts] if one else list(texts)
         if not items:
             raise ValueError("embed needs at least one text")
+        all_ids: list[list[int]] = []
+        for i, t in enumerate(items):
+            ids = self.tokenize(t, add_bos=add_bos) if isinstance(t, str) else [int(x) for x in cast(Sequence[int], t)]
+            if not ids:
+                raise ValueError(f"texts[{i}] has no tokens")
+            if len(ids) > self.n_ctx:
+                raise ContextOverflowError(f"texts[{i}] has {len(ids)} tokens, more than n_ctx = {self.n_ctx}",
+                                           len(ids), self.n_ctx)
+            all_ids.append(ids)
         out = np.empty((len(items), self.config.n_embd), np.float32)
-        pool = context_pool(self)
-        ctx = pool.acquire()
-        try:
-            for i, t in enumerate(items):
-                ids = self.tokenize(t, add_bos=add_bos) if isinstance(t, str) else list(t)
-                if not ids:
-                    raise ValueError(f"texts[{i}] has no tokens")
-                if len(ids) > ctx.n_ctx:
-                    raise ContextOverflowError(f"texts[{i}] has {len(ids)} tokens, more than n_ctx = {ctx.n_ctx}",
-                                               len(ids), ctx.n_ctx)
-                ctx.reset()
-                h = ctx.hidden(ids)
-                v = h.mean(axis=0) if pooling == "mean" else h[-1] if pooling == "last" else h[0]
-                if normalize:
-                    v = v / max(float(np.linalg.norm(v)), 1e-12)
-                out[i] = v
-        finally:
-            pool.release(ctx)
+        batch = Batch(self, min(rows, sum(map(len, all_ids))))
+        # Contexts live from a text's first pass to its last: at most one pass's texts at a time.
+        live: dict[int, tuple[Context, list[np.ndarray]]] = {}
+        i, off = 0, 0
+        while i < len(all_ids):
+            owners, parts, room = [], [], batch.n_rows
+            while room and i < len(all_ids):
+                ids = all_ids[i]
+                take = min(room, len(ids) - off)
+                if i not in live:
+                    live[i] = (self.context(n_ctx=len(ids), n_batch=1), [])
+                owners.append(i)
+                parts.append(ids[off : off + take])
+                room -= take
+                off += take
+                if off == len(ids):
+                    i, off = i + 1, 0
+            h = batch.embed([live[j][0] for j in owners], parts)
+            r = 0
+            for j, part in zip(owners, parts):
+                ctx, done = live[j]
+                done.append(h[r : r + len(part)])
+                r += len(part)
+                if ctx.n_past == len(all_ids[j]):  # the text is complete
+                    del live[j]
+                    hj = done[0] if len(done) == 1 else np.concatenate(done)
+                    v = hj.mean(axis=0) if pooling == "mean" else hj[-1] if pooling == "last" else hj[0]
+                    if normalize:
+                        v = v / max(float(np.linalg.norm(v)), 1e-12)
+                    out[j] = v
         return out[0] if one else out
 
     def perplexity(self, text: str, window: int = 512, *, add_bos: bool = False) -> float:
