@@ -293,6 +293,7 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: Shape | str,
 def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
                     ggml_type: GGMLType = GGMLType.Q4_1, seed: int = 0, *, arch: str = "llama",
                     vocab: str = "bytes", sliding_window: int = 0, n_rot: int = 0, tile_rows: int = 256,
+                    fused_qkv: bool = True, omit: tuple[str, ...] = (),
                     metadata: Mapping[str, Any] | None = None,
                     tensors: Mapping[str, np.ndarray] | None = None) -> Path:
     """Write a GGUF of architecture `arch` (ARCHITECTURES) and `shape` (a Shape or a PRESETS
@@ -307,8 +308,10 @@ def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
     sliding_window: `<arch>.attention.sliding_window` (mistral and phi3; 0 writes none for
     mistral, 0 for phi3 as Phi-4's converter does). n_rot: phi3's `rope.dimension_count`
     (0: the head dim). tile_rows: rows of each matrix that are random (the rest repeat them);
-    small test models pass more than they have. `metadata` (key -> value, or (value,
-    ValueType)) and `tensors` (name -> float32 array in NumPy order) are added as they are."""
+    small test models pass more than they have. fused_qkv=False: phi3's attn_qkv rows written
+    as attn_q, attn_k and attn_v instead (the same weights). omit: tensor names left out.
+    `metadata` (key -> value, or (value, ValueType)) and `tensors` (name -> float32 array in
+    NumPy order) are added as they are."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown synthetic architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")
     s = PRESETS[shape] if isinstance(shape, str) else shape
@@ -353,6 +356,15 @@ def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
     # token) runs on these models too.
     w.add("tokenizer.chat_template", chat_template(end))
     q, kv = s.n_head * hd, s.n_head_kv * hd
+
+    def add_raw(tname: str, raw: np.ndarray, ggml_shape: tuple[int, int]) -> None:
+        if tname not in omit:
+            w.add_raw_tensor(tname, raw, ggml_shape, ggml_type)
+
+    def add(tname: str, data: np.ndarray) -> None:
+        if tname not in omit:
+            w.add_tensor(tname, data)
+
     for mat, (rows, cols) in s.matrices().items():
         if arch == "phi3" and mat.endswith(("attn_k.weight", "attn_v.weight", "ffn_gate.weight")):
             continue  # written fused below
@@ -360,17 +372,23 @@ def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
             mat, rows = mat.replace("attn_q", "attn_qkv"), q + 2 * kv
         if arch == "phi3" and mat.endswith("ffn_up.weight"):
             rows = 2 * s.n_ff
-        w.add_raw_tensor(mat, _random_matrix(rng, rows, cols, ggml_type, tile_rows), (cols, rows), ggml_type)
+        raw = _random_matrix(rng, rows, cols, ggml_type, tile_rows)
+        if mat.endswith("attn_qkv.weight") and not fused_qkv:
+            parts = np.split(raw.reshape(rows, -1), [q, q + kv])
+            for t, part in zip("qkv", parts):
+                add_raw(mat.replace("attn_qkv", f"attn_{t}"), part.reshape(-1), (cols, part.shape[0]))
+        else:
+            add_raw(mat, raw, (cols, rows))
     for i in range(s.n_layer):
         for norm in ("attn_norm", "ffn_norm"):
-            w.add_tensor(f"blk.{i}.{norm}.weight", 1 + 0.1 * rng.standard_normal(s.n_embd).astype(np.float32))
+            add(f"blk.{i}.{norm}.weight", 1 + 0.1 * rng.standard_normal(s.n_embd).astype(np.float32))
         if arch == "qwen2":
             for t, n in (("q", q), ("k", kv), ("v", kv)):
-                w.add_tensor(f"blk.{i}.attn_{t}.bias", 0.5 * rng.standard_normal(n).astype(np.float32))
+                add(f"blk.{i}.attn_{t}.bias", 0.5 * rng.standard_normal(n).astype(np.float32))
         if arch == "qwen3":
             for t in ("q", "k"):
-                w.add_tensor(f"blk.{i}.attn_{t}_norm.weight", 1 + 0.2 * rng.standard_normal(hd).astype(np.float32))
-    w.add_tensor("output_norm.weight", np.ones(s.n_embd, np.float32))
+                add(f"blk.{i}.attn_{t}_norm.weight", 1 + 0.2 * rng.standard_normal(hd).astype(np.float32))
+    add("output_norm.weight", np.ones(s.n_embd, np.float32))
     for key, value in (metadata or {}).items():
         if isinstance(value, tuple):
             w.add(key, *value)
