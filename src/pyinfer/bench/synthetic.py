@@ -394,20 +394,23 @@ def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
             w.add(key, *value)
         else:
             w.add(key, value)
-    for tname, t in (tensors or {}).items():
-        w.add_tensor(tname, np.ascontiguousarray(t, np.float32))
+    for tname, arr in (tensors or {}).items():
+        w.add_tensor(tname, np.ascontiguousarray(arr, np.float32))
     w.write()
     return path
 
 
-def synthetic_model(preset: str, ggml_type: GGMLType = GGMLType.Q4_1) -> Path:
-    """The preset's model in the cache (pyinfer.registry.cache_dir()/derived), written once."""
+def synthetic_model(preset: str, ggml_type: GGMLType = GGMLType.Q4_1, arch: str = "llama") -> Path:
+    """The preset's model of architecture `arch` (ARCHITECTURES) in the cache
+    (pyinfer.registry.cache_dir()/derived), written once."""
     from pyinfer.registry import cache_dir
 
     if preset not in PRESETS:
         raise ValueError(f"unknown synthetic model {preset!r} (known: {', '.join(PRESETS)})")
-    path = cache_dir() / "derived" / f"synthetic-llama-{preset}.{ggml_type.name.lower()}.gguf"
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown synthetic architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")
+    path = cache_dir() / "derived" / f"synthetic-{arch}-{preset}.{ggml_type.name.lower()}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_synthetic_llama(path, preset, ggml_type)
+        write_synthetic(path, preset, ggml_type, arch=arch)
     return path
