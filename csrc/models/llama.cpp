@@ -53,8 +53,8 @@ class LlamaModel final : public Model {
     n_rot_ = p.has("n_rot") ? p.get_int("n_rot") : 0;
     if (n_rot_ == 0) n_rot_ = c.head_dim;
     if (n_rot_ < 2 || n_rot_ > c.head_dim || n_rot_ % 2 != 0)
-      throw std::invalid_argument("n_rot (" + std::to_string(n_rot_) + ") must be even and in [2, head_dim = " +
-                                  std::to_string(c.head_dim) + "]");
+      throw std::invalid_argument("n_rot (" + std::to_string(n_rot_) +
+                                  ") must be even and in [2, head_dim = " + std::to_string(c.head_dim) + "]");
     neox_ = flag(p, "rope_neox");
     window_ = p.has("sliding_window") ? p.get_int("sliding_window") : 0;
     const bool qkv_bias = flag(p, "qkv_bias"), qk_norm = flag(p, "qk_norm"), ffn_fused = flag(p, "ffn_fused");
@@ -159,10 +159,10 @@ class LlamaModel final : public Model {
 
   float rms_eps_ = 1e-5f;
   RopeFreqs rope_;
-  int64_t n_rot_ = 0;    // rotated dims at the start of each head (head_dim: all)
-  bool neox_ = false;    // RoPE pairs (i, i + n_rot / 2) instead of (2i, 2i + 1)
-  int64_t window_ = 0;   // each query sees the last window_ positions (0: all)
-  WeightRef tok_embd_;   // [n_vocab][n_embd]
+  int64_t n_rot_ = 0;   // rotated dims at the start of each head (head_dim: all)
+  bool neox_ = false;   // RoPE pairs (i, i + n_rot / 2) instead of (2i, 2i + 1)
+  int64_t window_ = 0;  // each query sees the last window_ positions (0: all)
+  WeightRef tok_embd_;  // [n_vocab][n_embd]
   std::vector<LlamaLayer> layers_;
   const float* output_norm_ = nullptr;  // [n_embd]
   WeightRef output_;                    // [n_vocab][n_embd]; the embedding table when tied
@@ -205,10 +205,9 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
     if (il == 0)
       for_rows(n_threads, n_rows,
                [&](int64_t r0, int64_t n) { rms_norm_rows(x + r0 * E, L.attn_norm, xn + r0 * E, n, E, eps); });
-    const Projected qkv =
-        L.qkv.data != nullptr
-            ? project_stored(L.qkv, qkv_widths, 3, xn, n_rows, s.qkv.data(), precision, n_threads)
-            : project(L.qkv, {&L.wq, &L.wk, &L.wv}, xn, n_rows, s.qkv.data(), precision, n_threads);
+    const Projected qkv = L.qkv.data != nullptr
+                              ? project_stored(L.qkv, qkv_widths, 3, xn, n_rows, s.qkv.data(), precision, n_threads)
+                              : project(L.qkv, {&L.wq, &L.wk, &L.wv}, xn, n_rows, s.qkv.data(), precision, n_threads);
     float *q = qkv.part[0], *k = qkv.part[1], *v = qkv.part[2];
     const int64_t qs = qkv.stride[0], ks = qkv.stride[1], vs = qkv.stride[2];
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
@@ -226,8 +225,8 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
     });
     for (size_t i = 0; i < segs.size(); ++i) {
       const Segment& g = segs[i];
-      args[i] = AttentionArgs{q + g.row0 * qs, qs,       attn + g.row0 * q_dim, q_dim, g.cache, il, g.pos, g.n,
-                              c.n_head,        scale,    window_};
+      args[i] = AttentionArgs{q + g.row0 * qs, qs,     attn + g.row0 * q_dim, q_dim, g.cache, il, g.pos, g.n, c.n_head,
+                              scale,           window_};
     }
     append_and_attend(segs, il, k, v, ks, args, n_threads);
     matmul(L.wo, attn, n_rows, xn, precision, n_threads);
