@@ -31,7 +31,7 @@ REFUSED_KEYS = [
     ("llama.rope.scaling.type", "yarn", "llama.rope.scaling.type = 'yarn' is not supported"),
     ("llama.rope.scaling.type", "longrope", "llama.rope.scaling.type = 'longrope' is not supported"),
     ("llama.rope.scaling.factor", 4.0, "llama.rope.scaling.factor = 4.0 without a scaling type"),
-    ("llama.attention.sliding_window", (4096, ValueType.UINT32), "llama.attention.sliding_window = 4096"),
+    ("llama.attention.sliding_window", (-1, ValueType.INT32), "llama.attention.sliding_window = -1 must be >= 0"),
     ("llama.attn_logit_softcapping", 50.0, "llama.attn_logit_softcapping = 50.0"),
     ("llama.final_logit_softcapping", 30.0, "llama.final_logit_softcapping = 30.0"),
     ("llama.expert_count", (8, ValueType.UINT32), "llama.expert_count = 8"),

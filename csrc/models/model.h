@@ -38,6 +38,7 @@ class TensorMap {
   void add(const std::string& name, const WeightRef& w) { tensors_[name] = w; }
   // The tensor, or an empty reference (data == nullptr) if the map has none of that name.
   WeightRef take(const std::string& name);
+  bool has(const std::string& name) const { return tensors_.count(name) != 0; }
   // std::invalid_argument naming the first tensor no take() asked for.
   void check_all_taken(const std::string& arch) const;
 
@@ -54,6 +55,7 @@ class Params {
   double get(const std::string& name) const;  // std::invalid_argument if absent
   double get(const std::string& name, double fallback) const;
   int64_t get_int(const std::string& name) const;
+  bool has(const std::string& name) const { return values_.count(name) != 0; }
 
  private:
   std::map<std::string, double> values_;

@@ -1,8 +1,8 @@
 """NumPy references: the spec every C++ kernel is tested against, and a NumPy forward pass.
 
 The kernel references compute in float64 and return float64, so a test measures a kernel's
-own float32 rounding against a value that carries almost none. `forward` runs a llama or
-gemma3 GGUF model on dequantized weights, in float64 (or float32) math.
+own float32 rounding against a value that carries almost none. `forward` runs a llama-family
+(llama, qwen2, qwen3, phi3) or gemma3 GGUF model on dequantized weights, in float64 (or float32) math.
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ def load_model(reader: Any) -> dict[str, Any]:
 
 
 def forward(model: Any, ids: Sequence[int], dtype: Any = np.float64) -> np.ndarray:
-    """logits[len(ids), n_vocab] of a llama or gemma3 model for one sequence starting at
+    """logits[len(ids), n_vocab] of a llama-family or gemma3 model for one sequence starting at
     position 0.
 
     `model` is a GGUFReader or the result of `load_model`. All activations are `dtype`.
@@ -320,29 +320,59 @@ def _lin_norm(w: Mapping[str, np.ndarray], eps: float, dtype: Any) -> tuple[Any,
 
 
 def _forward_llama(model: Mapping[str, Any], ids: Sequence[int], dtype: Any) -> np.ndarray:
+    """The llama family (llama, qwen2, qwen3, phi3): per layer RMSNorm, Q/K/V (one fused matrix
+    split in three where the file has attn_qkv; plus biases where the config says), RMSNorm of
+    each query and key head (qk_norm), RoPE on the first rope_dim dims of each head (NeoX order
+    where rope_neox), attention (a sliding window where set), output projection, residual,
+    RMSNorm, SwiGLU (gate and up split from one matrix where ffn_fused); final norm, head."""
     cfg, w = model["config"], model["weights"]
     n_head, n_head_kv, hd = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+    q_dim, kv_dim = n_head * hd, n_head_kv * hd
     eps = cfg.rms_eps
-    rope_kw = {"base": cfg.rope_base, "freq_scale": cfg.rope_freq_scale, "factors": w.get("rope_freqs.weight")}
+    n_rot = getattr(cfg, "rope_dim", hd)
+    rope_kw = {"base": cfg.rope_base, "freq_scale": cfg.rope_freq_scale, "factors": w.get("rope_freqs.weight"),
+               "neox": getattr(cfg, "rope_neox", False)}
+    window = getattr(cfg, "sliding_window", 0)
     tokens = np.asarray(ids, dtype=np.int64)
     m = len(tokens)
 
     lin, norm = _lin_norm(w, eps, dtype)
 
+    def heads_rope(x: np.ndarray, n_heads: int) -> np.ndarray:
+        h = np.array(x, dtype=np.float64).reshape(m, n_heads, hd)
+        rot = rope(h[:, :, :n_rot].reshape(m, n_heads * n_rot), 0, n_heads, n_rot, **rope_kw)
+        h[:, :, :n_rot] = rot.reshape(m, n_heads, n_rot)
+        return h.reshape(m, n_heads * hd).astype(dtype)
+
+    def head_norm(x: np.ndarray, n_heads: int, name: str) -> np.ndarray:
+        return norm(x.reshape(m, n_heads, hd), name).reshape(m, n_heads * hd)
+
     x = w["token_embd.weight"][tokens].astype(dtype)  # [M, n_embd]
     for layer in range(cfg.n_layer):
         p = f"blk.{layer}."
         h = norm(x, p + "attn_norm.weight")
-        q = rope(lin(h, p + "attn_q.weight"), 0, n_head, hd, **rope_kw).astype(dtype)
-        k = rope(lin(h, p + "attn_k.weight"), 0, n_head_kv, hd, **rope_kw).astype(dtype)
-        v = lin(h, p + "attn_v.weight")
+        if p + "attn_qkv.weight" in w:
+            qkv = lin(h, p + "attn_qkv.weight")
+            q, k, v = qkv[:, :q_dim], qkv[:, q_dim:q_dim + kv_dim], qkv[:, q_dim + kv_dim:]
+        else:
+            q, k, v = (lin(h, p + f"attn_{t}.weight") for t in "qkv")
+        if getattr(cfg, "qkv_bias", False):
+            q, k, v = (a + w[p + f"attn_{t}.bias"].astype(dtype) for a, t in zip((q, k, v), "qkv"))
+        if getattr(cfg, "qk_norm", False):
+            q = head_norm(q, n_head, p + "attn_q_norm.weight")
+            k = head_norm(k, n_head_kv, p + "attn_k_norm.weight")
+        q, k = heads_rope(q, n_head), heads_rope(k, n_head_kv)
         kc = k.reshape(m, n_head_kv, hd).transpose(1, 0, 2)  # [n_head_kv, M, head_dim]
         vc = v.reshape(m, n_head_kv, hd).transpose(1, 0, 2)
-        a = attention(q, kc, vc, 0, n_head).astype(dtype)
+        a = attention(q, kc, vc, 0, n_head, window=window).astype(dtype)
         x = x + lin(a, p + "attn_output.weight")
         h = norm(x, p + "ffn_norm.weight")
-        g = swiglu(lin(h, p + "ffn_gate.weight"), lin(h, p + "ffn_up.weight")).astype(dtype)
-        x = x + lin(g, p + "ffn_down.weight")
+        if getattr(cfg, "ffn_fused", False):
+            gu = lin(h, p + "ffn_up.weight")
+            gate, up = gu[:, :cfg.n_ff], gu[:, cfg.n_ff:]
+        else:
+            gate, up = lin(h, p + "ffn_gate.weight"), lin(h, p + "ffn_up.weight")
+        x = x + lin(swiglu(gate, up).astype(dtype), p + "ffn_down.weight")
     x = norm(x, "output_norm.weight")
     return lin(x, "output.weight")
 
@@ -389,4 +419,5 @@ def _forward_gemma3(model: Mapping[str, Any], ids: Sequence[int], dtype: Any) ->
     return logits
 
 
-_FORWARDS = {"llama": _forward_llama, "gemma3": _forward_gemma3}
+_FORWARDS = {"llama": _forward_llama, "qwen2": _forward_llama, "qwen3": _forward_llama, "phi3": _forward_llama,
+             "gemma3": _forward_gemma3}

@@ -33,7 +33,12 @@ PRE_TOKENIZERS: dict[str, PreTokenizer] = {
     "gpt-2": PreTokenizer(_bpe.SPLIT_GPT2),
     "gpt2": PreTokenizer(_bpe.SPLIT_GPT2),
     "smollm": PreTokenizer(_bpe.SPLIT_GPT2, isolate_numbers=True),
+    # Llama 3's split: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}
+    # | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ ; a word that is a token is taken whole.
+    "llama3": PreTokenizer(_bpe.SPLIT_LLAMA3, number_group=3, ignore_merges=True, add_bos=True),
+    "llama-v3": PreTokenizer(_bpe.SPLIT_LLAMA3, number_group=3, ignore_merges=True, add_bos=True),
     "llama-bpe": PreTokenizer(_bpe.SPLIT_LLAMA3, number_group=3, ignore_merges=True, add_bos=True),
+    # Qwen 2's: the same with each digit a word of its own (\p{N} for \p{N}{1,3}).
     "qwen2": PreTokenizer(_bpe.SPLIT_LLAMA3, number_group=1),
 }
 
@@ -433,6 +438,8 @@ class Tokenizer:
 
     def _encode_into(self, text: str, specials: list[tuple[str, int]], out: list[int]) -> None:
         encode = self._encoder.encode
+        if not text:
+            return  # no fragment, so no space prefix either (llama.cpp: "" has no tokens)
         if self.add_space_prefix:
             prev_special = True  # llama.cpp: the first fragment, and each after a token, gets a space
             for piece in _partition(text, specials) if specials else [text]:

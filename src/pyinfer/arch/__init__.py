@@ -8,8 +8,11 @@ from typing import Any
 from pyinfer.arch.base import Architecture, Config, Description, UnsupportedModelError
 from pyinfer.arch.gemma3 import GEMMA3
 from pyinfer.arch.llama import LLAMA
+from pyinfer.arch.phi3 import PHI3
+from pyinfer.arch.qwen2 import QWEN2
+from pyinfer.arch.qwen3 import QWEN3
 
-ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, GEMMA3)}
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (LLAMA, QWEN2, QWEN3, PHI3, GEMMA3)}
 
 __all__ = ["ARCHITECTURES", "Architecture", "Config", "Description", "UnsupportedModelError",
            "architecture", "describe"]
