@@ -6,8 +6,8 @@
 // bounds of the spec).
 #include <immintrin.h>
 
-#include <limits>
 #include <math.h>
+#include <limits>
 
 #include "kernels/abi.h"
 #include "kernels/attn_groups.h"

@@ -5,8 +5,8 @@
 // bit; the rest sum lane-wise and use a polynomial exp (within float32 bounds of the spec).
 #include <immintrin.h>
 
-#include <limits>
 #include <math.h>
+#include <limits>
 
 #include "kernels/abi.h"
 #include "kernels/attn_groups.h"
