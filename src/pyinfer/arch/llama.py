@@ -176,6 +176,18 @@ FAMILY_HARMLESS_KEYS = frozenset({"context_length", "rope.scaling.original_conte
 # The tensors around the layers.
 FAMILY_TENSORS = ("token_embd.weight", "output_norm.weight",
                   "output.weight")  # absent: tied to the embedding
+# A llama layer's tensors; qwen2 and qwen3 add theirs to these.
+LAYER_TENSORS = (
+    "blk.{L}.attn_norm.weight",
+    "blk.{L}.attn_q.weight",
+    "blk.{L}.attn_k.weight",
+    "blk.{L}.attn_v.weight",
+    "blk.{L}.attn_output.weight",
+    "blk.{L}.ffn_norm.weight",
+    "blk.{L}.ffn_gate.weight",
+    "blk.{L}.ffn_up.weight",
+    "blk.{L}.ffn_down.weight",
+)
 
 LLAMA = Architecture(
     name="llama",
@@ -183,15 +195,7 @@ LLAMA = Architecture(
     tensors=(
         *FAMILY_TENSORS,
         "rope_freqs.weight",  # Llama 3's per-pair RoPE frequency factors
-        "blk.{L}.attn_norm.weight",
-        "blk.{L}.attn_q.weight",
-        "blk.{L}.attn_k.weight",
-        "blk.{L}.attn_v.weight",
-        "blk.{L}.attn_output.weight",
-        "blk.{L}.ffn_norm.weight",
-        "blk.{L}.ffn_gate.weight",
-        "blk.{L}.ffn_up.weight",
-        "blk.{L}.ffn_down.weight",
+        *LAYER_TENSORS,
     ),
     # Old converters stored each layer's RoPE inverse frequencies, which follow from the base.
     harmless_tensors=("blk.{L}.attn_rot_embd",),

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pyinfer.arch.base import Architecture, Config
-from pyinfer.arch.llama import FAMILY_HARMLESS_KEYS, FAMILY_KEYS, FAMILY_TENSORS, family_config
+from pyinfer.arch.llama import FAMILY_HARMLESS_KEYS, FAMILY_KEYS, FAMILY_TENSORS, LAYER_TENSORS, family_config
 
 
 def _config(arch: Architecture, md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> Config:
@@ -19,18 +19,10 @@ QWEN2 = Architecture(
     make_config=_config,
     tensors=(
         *FAMILY_TENSORS,
-        "blk.{L}.attn_norm.weight",
-        "blk.{L}.attn_q.weight",
-        "blk.{L}.attn_k.weight",
-        "blk.{L}.attn_v.weight",
+        *LAYER_TENSORS,
         "blk.{L}.attn_q.bias",
         "blk.{L}.attn_k.bias",
         "blk.{L}.attn_v.bias",
-        "blk.{L}.attn_output.weight",
-        "blk.{L}.ffn_norm.weight",
-        "blk.{L}.ffn_gate.weight",
-        "blk.{L}.ffn_up.weight",
-        "blk.{L}.ffn_down.weight",
     ),
     # qwen2.attention.sliding_window is refused: Qwen 2 windows only the layers from
     # max_window_layers on, which the file does not say.

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pyinfer.arch.base import Architecture, Config
-from pyinfer.arch.llama import FAMILY_HARMLESS_KEYS, FAMILY_KEYS, FAMILY_TENSORS, family_config
+from pyinfer.arch.llama import FAMILY_HARMLESS_KEYS, FAMILY_KEYS, FAMILY_TENSORS, LAYER_TENSORS, family_config
 
 
 def _config(arch: Architecture, md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]) -> Config:
@@ -20,17 +20,9 @@ QWEN3 = Architecture(
     make_config=_config,
     tensors=(
         *FAMILY_TENSORS,
-        "blk.{L}.attn_norm.weight",
-        "blk.{L}.attn_q.weight",
-        "blk.{L}.attn_k.weight",
-        "blk.{L}.attn_v.weight",
+        *LAYER_TENSORS,
         "blk.{L}.attn_q_norm.weight",
         "blk.{L}.attn_k_norm.weight",
-        "blk.{L}.attn_output.weight",
-        "blk.{L}.ffn_norm.weight",
-        "blk.{L}.ffn_gate.weight",
-        "blk.{L}.ffn_up.weight",
-        "blk.{L}.ffn_down.weight",
     ),
     implemented_keys=FAMILY_KEYS,
     harmless_keys=FAMILY_HARMLESS_KEYS,
