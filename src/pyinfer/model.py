@@ -186,23 +186,24 @@ class Batch:
         be distinct contexts of this model with room for their tokens; on any error
         (ValueError: bad id or count, full or repeated context; RuntimeError: a context in
         use by another thread) no context changes."""
-        ctxs, ids, counts = self._prepare(contexts, tokens)
-        m = self.model
-        out = np.empty((len(ctxs), m.n_vocab), np.float32)
-        m.reader.check_unchanged()  # a GGUFError instead of a SIGBUS on a truncated file
-        self._batch.step([c._ctx for c in ctxs], ids, counts, out, m.precision, m.n_threads)
-        return out
+        return self._run(self._batch.step, contexts, tokens, hidden=False)
 
     def embed(self, contexts: Sequence[Context], tokens: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
         """As step, returning instead the final hidden states (after the output norm) of every
         token, the contexts' rows back to back in the order given, [sum of lengths, n_embd]:
         contexts[b]'s rows are what contexts[b].hidden(tokens[b]) returns (bit for bit with
         precision="fast")."""
+        return self._run(self._batch.embed, contexts, tokens, hidden=True)
+
+    def _run(self, native: Any, contexts: Sequence[Context], tokens: Sequence[Sequence[int]] | np.ndarray, *,
+             hidden: bool) -> np.ndarray:
+        """One pass through `native` (the batch's step or embed): logits of each context's last
+        token, or the hidden state of every token."""
         ctxs, ids, counts = self._prepare(contexts, tokens)
         m = self.model
-        out = np.empty((ids.size, m.config.n_embd), np.float32)
-        m.reader.check_unchanged()
-        self._batch.embed([c._ctx for c in ctxs], ids, counts, out, m.precision, m.n_threads)
+        out = np.empty((ids.size, m.config.n_embd) if hidden else (len(ctxs), m.n_vocab), np.float32)
+        m.reader.check_unchanged()  # a GGUFError instead of a SIGBUS on a truncated file
+        native([c._ctx for c in ctxs], ids, counts, out, m.precision, m.n_threads)
         return out
 
     def _prepare(self, contexts: Sequence[Context], tokens: Sequence[Sequence[int]] | np.ndarray
