@@ -150,7 +150,17 @@ def snapshot(engine: Engine, history: History, model_name: str, since: int = 0, 
 
 def install(app: FastAPI, engine: Engine, model_name: str) -> History:
     """Add the page's routes to `app` and start sampling the engine's gauges."""
+    from pyinfer.server import APIError  # the server's error shape (it imports this module first)
+
     history = History(engine)
+
+    def page_file(name: str) -> Response:
+        kind = WEB_FILES.get(name)
+        if kind is None:
+            return APIError(404, f"no page file {name!r}", type="not_found_error").response()
+        return FileResponse(WEB_DIR / name, media_type=kind,
+                            headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache",
+                                     "X-Content-Type-Options": "nosniff"})
 
     @app.get("/", include_in_schema=False)
     async def index() -> Response:
@@ -164,19 +174,8 @@ def install(app: FastAPI, engine: Engine, model_name: str) -> History:
     async def live(request: HTTPRequest) -> JSONResponse:
         raw = request.query_params.get("since", "0")
         if not raw.isdigit():
-            return JSONResponse({"error": {"message": f"since must be a sample number (>= 0), got {raw!r}",
-                                           "type": "invalid_request_error", "param": "since", "code": None}},
-                                status_code=400)
+            return APIError(400, f"since must be a sample number (>= 0), got {raw!r}", param="since").response()
         return JSONResponse(snapshot(engine, history, model_name, int(raw)), headers={"Cache-Control": "no-store"})
 
     return history
 
-
-def page_file(name: str) -> Response:
-    kind = WEB_FILES.get(name)
-    if kind is None:
-        return JSONResponse({"error": {"message": f"no page file {name!r}", "type": "not_found_error",
-                                       "param": None, "code": None}}, status_code=404)
-    return FileResponse(WEB_DIR / name, media_type=kind,
-                        headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache",
-                                 "X-Content-Type-Options": "nosniff"})
