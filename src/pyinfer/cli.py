@@ -51,7 +51,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     run_bench(args.studies, model=args.model, quick=args.quick, out=args.out, threads=args.threads,
               llama_bench=args.llama_bench, peers=not args.no_peers, peer_python=args.peer_python,
-              peer_server=args.peer_server)
+              peer_server=args.peer_server, ray=args.ray)
     return 0
 
 
@@ -67,10 +67,31 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.max_body_bytes < 1:
         raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     kv = None if args.kv_budget_mib is None else int(args.kv_budget_mib * (1 << 20))
+    if args.ray:
+        return _serve_ray(args, api_key, kv)
     serve(args.model, host=args.host, port=args.port, api_key=api_key, n_threads=args.threads, n_ctx=args.ctx,
           precision=args.precision, max_batch=args.max_batch, token_budget=args.token_budget,
           kv_budget_bytes=kv, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
           log_level=args.log_level, prefix_cache=not args.no_prefix_cache)
+    return 0
+
+
+def _serve_ray(args: argparse.Namespace, api_key: str | None, kv: int | None) -> int:
+    try:
+        from pyinfer.serve.ray import Autoscaling, ReplicaConfig, run
+    except ImportError as e:
+        print(f"pyinfer serve --ray: error: {e.name} is missing: pip install 'pyinfer[ray]'", file=sys.stderr)
+        return 1
+    config = ReplicaConfig(model=args.model, n_threads=args.threads or 1, n_ctx=args.ctx, precision=args.precision,
+                           max_batch=args.max_batch, token_budget=args.token_budget, kv_budget_bytes=kv,
+                           max_queue=args.max_queue, prefix_cache=not args.no_prefix_cache,
+                           max_body_bytes=args.max_body_bytes)
+    autoscaling = None
+    if args.max_replicas is not None:
+        autoscaling = Autoscaling(min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                                  target_ongoing_requests=args.target_ongoing)
+    run(config, host=args.host, port=args.port, address=args.ray_address, replicas=args.replicas,
+        autoscaling=autoscaling, api_key=api_key)
     return 0
 
 
@@ -257,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peer-python", default=None, metavar="PATH",
                    help="serve study: a Python with llama-cpp-python[server] (default: this one, if it has it)")
     b.add_argument("--peer-server", default=None, metavar="PATH", help="serve study: a llama-server binary")
+    b.add_argument("--ray", action="store_true",
+                   help="serve study: also through Ray Serve (the [ray] extra), one replica of all the threads "
+                        "and one replica per thread")
     b.set_defaults(func=_cmd_bench)
 
     sv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the [server] extra)")
@@ -282,6 +306,17 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-body-bytes", type=int, default=4 << 20, help="request body limit (default: %(default)s)")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                     help="uvicorn's log level (default: %(default)s)")
+    r = sv.add_argument_group("Ray Serve (the [ray] extra)")
+    r.add_argument("--ray", action="store_true",
+                   help="serve through Ray Serve: replicas of the engine behind Serve's HTTP proxy")
+    r.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="the cluster to join (default: $RAY_ADDRESS, a cluster `ray start` left here, else a new one; "
+                        "local: always a new one)")
+    r.add_argument("--replicas", type=int, default=1, help="replicas, each with --threads threads (default: 1)")
+    r.add_argument("--min-replicas", type=int, default=1, help="autoscaling: fewest replicas (default: 1)")
+    r.add_argument("--max-replicas", type=int, default=None, help="autoscaling: most replicas (turns it on)")
+    r.add_argument("--target-ongoing", type=float, default=None,
+                   help="autoscaling: requests in flight per replica to aim at (default: --max-batch)")
     sv.set_defaults(func=_cmd_serve)
     return p
 

@@ -466,6 +466,11 @@ class Engine:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def running(self) -> bool:
+        """Whether the scheduler thread is alive (it stops on close, or on a failure of its own)."""
+        return self._thread.is_alive()
+
     def close(self, timeout: float | None = None) -> None:
         """Stop the scheduler: running and waiting requests end "cancelled". Idempotent."""
         with self._cond:

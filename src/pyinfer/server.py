@@ -72,7 +72,8 @@ def _bad(param: str, message: str) -> APIError:
 # ---- reading a request body
 
 
-async def _json_body(request: HTTPRequest, limit: int) -> dict[str, Any]:
+async def read_body(request: HTTPRequest, limit: int) -> bytes:
+    """The request's body, refused (413) past `limit` bytes without reading further."""
     too_big = APIError(413, f"the request body is larger than {limit} bytes", code="request_too_large")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -82,6 +83,11 @@ async def _json_body(request: HTTPRequest, limit: int) -> dict[str, Any]:
         body += part
         if len(body) > limit:
             raise too_big
+    return bytes(body)
+
+
+async def _json_body(request: HTTPRequest, limit: int) -> dict[str, Any]:
+    body = await read_body(request, limit)
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -334,6 +340,18 @@ def _usage_chunk(cid: str, obj: str, created: int, model: str, req: Request, n_o
             "usage": openai_types.usage(len(req.prompt_ids), n_out, req.timings.cached_tokens)}
 
 
+def check_api_key(expected: bytes | None, request: HTTPRequest) -> None:
+    """Raise a 401 unless the request carries `Authorization: Bearer <expected>` (or no key is
+    set, or the route is public: /health and the web page's files)."""
+    if expected is None or request.url.path == "/health" or live.is_public(request.url.path):
+        return
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+        raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
+                       type="authentication_error", code="invalid_api_key")
+
+
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The HTTP app over `engine` (which it closes on shutdown). api_key: when given, every
@@ -346,13 +364,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     expected = api_key.encode() if api_key else None
 
     async def check_key(request: HTTPRequest) -> None:
-        if expected is None or request.url.path == "/health" or live.is_public(request.url.path):
-            return
-        auth = request.headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
-            raise APIError(401, "invalid or missing API key (send Authorization: Bearer <key>)",
-                           type="authentication_error", code="invalid_api_key")
+        check_api_key(expected, request)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

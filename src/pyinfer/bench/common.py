@@ -112,6 +112,7 @@ class Settings:
     peers: bool = True
     peer_python: str | None = None  # an interpreter with llama-cpp-python[server] (the serve study)
     peer_server: str | None = None  # a llama-server binary (the serve study)
+    ray: bool = False  # the serve study: also through Ray Serve, at 1 and at `threads` replicas
     env: dict[str, Any] = field(default_factory=dict)
 
     @property

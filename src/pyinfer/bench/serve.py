@@ -180,6 +180,7 @@ class ServerSpec:
     argv: list[str]
     slots: int
     env: dict[str, str] = field(default_factory=dict)
+    ready_timeout_s: float = 180.0
 
 
 NO_PREFIX_CACHE = "pyinfer, no prefix cache"
@@ -193,6 +194,18 @@ def pyinfer_spec(model: Path, n_threads: int, plan: Plan, *, prefix_cache: bool 
                        "--ctx", str(plan.n_ctx), "--max-batch", str(slots),
                        "--max-queue", str(4 * slots), "--log-level", "warning",
                        *([] if prefix_cache else ["--no-prefix-cache"])], slots)
+
+
+def ray_spec(model: Path, n_threads: int, replicas: int, plan: Plan) -> ServerSpec:
+    """`pyinfer serve --ray` on a cluster of its own (`--ray-address local`): `replicas`
+    replicas sharing `n_threads` threads, each with the whole batch."""
+    slots = max(plan.levels)
+    return ServerSpec(f"pyinfer, Ray Serve, {replicas} x {n_threads // replicas} threads",
+                      [sys.executable, "-m", "pyinfer", "serve", "--ray", "--ray-address", "local",
+                       "--replicas", str(replicas), "--model", str(model), "--host", "127.0.0.1", "--port", "{port}",
+                       "--threads", str(n_threads // replicas), "--ctx", str(plan.n_ctx), "--max-batch", str(slots),
+                       "--max-queue", str(4 * slots), "--log-level", "warning"], slots,
+                      ready_timeout_s=600.0)
 
 
 def llama_cpp_python_spec(python: str, model: Path, n_threads: int, plan: Plan) -> ServerSpec:
@@ -615,6 +628,10 @@ def study_serve(s: Settings) -> Report:
     specs = [pyinfer_spec(s.model, nt, plan), *peers]
     if plan.prefix_cache_baseline:
         specs.append(pyinfer_spec(s.model, nt, plan, prefix_cache=False))
+    if s.ray:
+        if importlib.util.find_spec("ray") is None:
+            raise RuntimeError("the serve study's --ray needs ray[serve]: pip install 'pyinfer[ray]'")
+        specs += [ray_spec(s.model, nt, r, plan) for r in sorted({1, nt})]
     n_total = sum(plan.n_requests(c) for c in plan.levels)
     prog = Progress("serve", len(specs) * (1 + len(plan.levels)))
     rows: list[dict[str, Any]] = []
@@ -623,7 +640,7 @@ def study_serve(s: Settings) -> Report:
         live: list[Server] = []
         for spec in specs:
             try:
-                srv = Server(spec, Path(tmp))
+                srv = Server(spec, Path(tmp), spec.ready_timeout_s)
             except RuntimeError as e:
                 if spec.name == "pyinfer":
                     raise

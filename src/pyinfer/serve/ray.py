@@ -1,0 +1,460 @@
+"""pyinfer's engine as a Ray Serve application (the `[ray]` extra: `pip install 'pyinfer[ray]'`).
+
+Two deployments behind Serve's HTTP proxy:
+
+- `PyinferEngine`: each replica loads the model once and runs one `Engine` with the
+  OpenAI app of `pyinfer.server` in-process; a request reaches it as one streamed call
+  (`http`) that yields the response's status and headers, then its body as it is written.
+  It autoscales on ongoing requests per replica and is health-checked (a replica whose
+  scheduler has stopped is restarted).
+- `PyinferFront` (the ingress, no CPU reserved): checks the API key, reads the body, picks a
+  routing key and forwards the request. Requests that share a key prefer the same replica
+  (`PrefixAffinityRouter`), so the replica that holds a conversation's or a system prompt's
+  KV blocks in its prefix cache serves the next request that shares them. The key is the
+  `x-session-id` header, else the request's `user` field, else a hash of the head of the
+  prompt (the first message of a chat, the first 256 characters of a completion's prompt).
+  A request whose replica dies before any of its body was sent is retried on another
+  replica; one that dies mid-stream ends with an error event, the OpenAI error shape.
+  `GET /metrics` gathers every replica's metrics, each sample labelled `replica`.
+
+    from pyinfer.serve.ray import ReplicaConfig, application
+    from ray import serve
+    serve.run(application(ReplicaConfig(n_threads=1), replicas=2), route_prefix="/")
+
+`pyinfer serve --ray` does that and waits (see `run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import random
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from ray import serve
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.serve.config import RequestRouterConfig
+from ray.serve.handle import DeploymentHandle
+from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+
+from pyinfer.server import DEFAULT_MAX_BODY_BYTES, APIError, check_api_key, create_app, read_body
+
+ENGINE_DEPLOYMENT = "PyinferEngine"
+FRONT_DEPLOYMENT = "PyinferFront"
+REPLICA_HEADER = "x-pyinfer-replica"  # names the replica that answered
+SESSION_HEADER = "x-session-id"
+PROMPT_HEAD_CHARS = 256
+# Failures of the replica itself (its process died, or it cannot be reached), as opposed to
+# an error the request earned: only these are retried.
+_REPLICA_FAILURES = (RayActorError, ActorUnavailableError)
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """What each replica loads and how its engine schedules (as `pyinfer serve`'s options)."""
+
+    model: str | None = None  # a GGUF path or a known model name (default: smollm2)
+    n_threads: int = 1  # the replica reserves this many CPUs from Ray
+    n_ctx: int = 4096
+    precision: str = "fast"
+    max_batch: int = 16
+    token_budget: int = 256
+    kv_budget_bytes: int | None = None  # default: half the memory available to the replica
+    max_queue: int = 64
+    prefix_cache: bool = True
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("n_threads", "n_ctx", "max_batch", "token_budget", "max_body_bytes"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not isinstance(self.max_queue, int) or self.max_queue < 0:
+            raise ValueError(f"max_queue must be a non-negative integer, got {self.max_queue!r}")
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    """Replicas between min_replicas and max_replicas, aiming at target_ongoing_requests
+    requests in flight per replica (default: the replica's max_batch)."""
+
+    min_replicas: int = 1
+    max_replicas: int = 2
+    target_ongoing_requests: float | None = None
+    upscale_delay_s: float = 5.0
+    downscale_delay_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.min_replicas, int) and 0 <= self.min_replicas <= self.max_replicas):
+            raise ValueError(f"min_replicas must be an integer in 0..max_replicas, got {self.min_replicas!r}")
+        if not (isinstance(self.max_replicas, int) and self.max_replicas >= 1):
+            raise ValueError(f"max_replicas must be a positive integer, got {self.max_replicas!r}")
+        if self.target_ongoing_requests is not None and not self.target_ongoing_requests > 0:
+            raise ValueError(f"target_ongoing_requests must be > 0, got {self.target_ongoing_requests!r}")
+
+
+# -- routing ---------------------------------------------------------------------------------
+
+
+def routing_key(headers: dict[str, str], body: Any) -> str:
+    """What requests that should meet on one replica share: the session header, else the
+    OpenAI `user` field, else the head of the prompt; "" when none (least loaded wins)."""
+    session = headers.get(SESSION_HEADER, "").strip()
+    if session:
+        return "session:" + session
+    if not isinstance(body, dict):
+        return ""
+    user = body.get("user")
+    if isinstance(user, str) and user:
+        return "user:" + user
+    messages, prompt = body.get("messages"), body.get("prompt")
+    if isinstance(messages, list) and messages:
+        head = json.dumps(messages[0], sort_keys=True, default=str)
+    elif isinstance(prompt, str) and prompt:
+        head = prompt[:PROMPT_HEAD_CHARS]
+    else:
+        return ""
+    return "prompt:" + hashlib.blake2b(head.encode(errors="replace"), digest_size=16).hexdigest()
+
+
+def _weight(key: str, replica: str) -> int:
+    """Rendezvous hashing: each (key, replica) pair's weight, the same in every process."""
+    return int.from_bytes(hashlib.blake2b(f"{key}\0{replica}".encode(), digest_size=8).digest(), "big")
+
+
+class PrefixAffinityRouter(FIFOMixin, RequestRouter):
+    """Requests with a routing key go to the replica that ranks it highest (rendezvous
+    hashing: adding or losing a replica moves only the keys it gains or held), unless that
+    replica's queue is more than `max_imbalance` requests longer than the shortest one
+    known, or it refuses the request (full): then the next in rank. Requests without a key
+    go to the less loaded of two replicas drawn at random."""
+
+    max_imbalance = 8
+
+    def initialize_state(self, max_imbalance: int = 8, **kwargs: Any) -> None:
+        if not isinstance(max_imbalance, int) or max_imbalance < 0:
+            raise ValueError(f"max_imbalance must be a non-negative integer, got {max_imbalance!r}")
+        self.max_imbalance = max_imbalance
+
+    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
+                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        key = pending_request.metadata.session_id if pending_request is not None else ""
+        if not key:
+            return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+        ranked = sorted(candidate_replicas, key=lambda r: _weight(key, r.replica_id.unique_id), reverse=True)
+        lens = {r.replica_id: self.replica_queue_len_cache.get(r.replica_id) for r in ranked}
+        known = [n for n in lens.values() if n is not None]
+        if known:
+            floor = min(known)
+            near = [r for r in ranked if (n := lens[r.replica_id]) is None or n <= floor + self.max_imbalance]
+            ranked = near + [r for r in ranked if r not in near]
+        return [[r] for r in ranked]
+
+
+# -- the replica -----------------------------------------------------------------------------
+
+
+class EngineReplica:
+    """One model and its `Engine`, with `pyinfer.server`'s app over it."""
+
+    def __init__(self, config: ReplicaConfig) -> None:
+        from pyinfer.engine import Engine
+        from pyinfer.model import Model
+        from pyinfer.registry import resolve_model
+
+        path = resolve_model(config.model)
+        model = Model.load(path, n_ctx=config.n_ctx, n_threads=config.n_threads, precision=config.precision)
+        self.engine = Engine(model, max_batch=config.max_batch, token_budget=config.token_budget,
+                             kv_budget_bytes=config.kv_budget_bytes, max_queue=config.max_queue,
+                             prefix_cache=config.prefix_cache)
+        # No key here: the front checks it before anything reaches a replica.
+        self.app = create_app(self.engine, model_name=path.stem, max_body_bytes=config.max_body_bytes)
+        self.replica = serve.get_replica_context().replica_id.unique_id
+
+    def check_health(self) -> None:
+        """Serve's health check: a replica whose engine has stopped is restarted."""
+        if self.engine.closed or not self.engine.running:
+            raise RuntimeError("the engine's scheduler has stopped")
+
+    def metrics(self) -> tuple[str, bytes]:
+        return self.replica, generate_latest(self.app.state.metrics.registry)
+
+    def pid(self) -> tuple[str, int]:
+        return self.replica, os.getpid()
+
+    async def http(self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
+                   body: bytes) -> AsyncIterator[Any]:
+        """Run one HTTP request through the app: yields (status, headers), then the body's
+        pieces as the app writes them. Cancelling the call is the client going away."""
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+                 "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
+                 "query_string": query, "root_path": "", "headers": headers,
+                 "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
+        sent: asyncio.Queue[MutableMapping[str, Any] | None] = asyncio.Queue()
+        gone = asyncio.Event()
+        body_read = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal body_read
+            if not body_read:
+                body_read = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            await sent.put(message)
+
+        task = asyncio.ensure_future(self.app(scope, receive, send))
+        task.add_done_callback(lambda _: sent.put_nowait(None))
+        try:
+            while (message := await sent.get()) is not None:
+                if message["type"] == "http.response.start":
+                    yield message["status"], [*message.get("headers", []),
+                                              (REPLICA_HEADER.encode(), self.replica.encode())]
+                elif message["type"] == "http.response.body":
+                    if message.get("body"):
+                        yield bytes(message["body"])
+                    if not message.get("more_body", False):
+                        break
+            if task.done():
+                task.result()  # the app's own failure, if any
+        finally:
+            gone.set()  # the app's stream cancels the request's sequence when it sees this
+            if not task.done():
+                try:
+                    await asyncio.wait_for(asyncio.shield(task), 5)
+                except (asyncio.TimeoutError, Exception):
+                    task.cancel()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close(10)
+
+
+# -- the front -------------------------------------------------------------------------------
+
+
+def merge_metrics(parts: Iterable[tuple[str, bytes]]) -> bytes:
+    """Prometheus expositions of several replicas as one, each sample labelled `replica`."""
+    families: dict[str, Metric] = {}
+    for replica, text in sorted(parts):
+        for fam in text_string_to_metric_families(text.decode()):
+            out = families.get(fam.name)
+            if out is None:
+                out = families[fam.name] = Metric(fam.name, fam.documentation, fam.type, fam.unit)
+            for s in fam.samples:
+                out.add_sample(s.name, {**s.labels, "replica": replica}, s.value, s.timestamp, s.exemplar)
+
+    class _All:
+        def collect(self) -> Iterable[Metric]:
+            return families.values()
+
+    return generate_latest(_All())
+
+
+def _sse_error(message: str) -> bytes:
+    err = {"error": {"message": message, "type": "server_error", "param": None, "code": "replica_failed"}}
+    return f"data: {json.dumps(err)}\n\n".encode()
+
+
+class Front:
+    """The ingress: the key check, the routing key, retries before the first byte."""
+
+    def __init__(self, engine: DeploymentHandle, api_key: str | None = None,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, retries: int = 2) -> None:
+        self.engine = engine
+        self.expected = api_key.encode() if api_key else None
+        self.max_body_bytes = max_body_bytes
+        self.retries = retries
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        app = FastAPI(title="pyinfer (Ray Serve)", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.exception_handler(APIError)
+        async def _api_error(request: HTTPRequest, exc: APIError) -> JSONResponse:
+            return exc.response()
+
+        @app.get("/health")
+        async def health() -> JSONResponse:
+            return JSONResponse({"status": "ok"})
+
+        @app.get("/metrics")
+        async def metrics(request: HTTPRequest) -> Response:
+            check_api_key(self.expected, request)
+            results = await asyncio.to_thread(lambda: self.engine.broadcast("metrics").results(timeout_s=30))
+            return Response(merge_metrics(results), media_type=CONTENT_TYPE_LATEST)
+
+        @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"])
+        async def forward(request: HTTPRequest, path: str) -> Response:
+            check_api_key(self.expected, request)
+            return await self.forward(request)
+
+        return app
+
+    async def forward(self, request: HTTPRequest) -> Response:
+        body = await read_body(request, self.max_body_bytes)
+        try:
+            parsed = json.loads(body) if body else None
+        except (ValueError, RecursionError):
+            parsed = None  # the replica answers what is wrong with it
+        key = routing_key(dict(request.headers), parsed)
+        args = (request.method, request.url.path, request.scope.get("query_string", b""),
+                list(request.scope["headers"]), body)
+        last: BaseException | None = None
+        for attempt in range(self.retries + 1):
+            options: dict[str, Any] = {"method_name": "http", "stream": True}
+            if key:
+                options["session_id"] = key
+            gen: Any = self.engine.options(**options).remote(*args)
+            try:
+                status, headers = await gen.__anext__()
+                try:
+                    first = await gen.__anext__()
+                except StopAsyncIteration:
+                    first = None
+            except _REPLICA_FAILURES as e:  # nothing was sent yet: another replica may serve it
+                gen.cancel()
+                last = e
+                await asyncio.sleep(min(2.0, 0.25 * 2 ** attempt))
+                continue
+            except RayTaskError as e:
+                gen.cancel()
+                raise APIError(500, f"internal error in the replica: {e.cause!r}", type="server_error") from None
+            return self._respond(status, headers, first, gen)
+        raise APIError(503, f"no replica could serve the request after {self.retries + 1} tries: {last}",
+                       type="server_error", code="replica_unavailable", headers={"Retry-After": "1"})
+
+    @staticmethod
+    def _respond(status: int, headers: list[tuple[bytes, bytes]], first: bytes | None, gen: Any) -> Response:
+        sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+
+        async def body() -> AsyncIterator[bytes]:
+            done = False
+            try:
+                if first is not None:
+                    yield first
+                async for piece in gen:
+                    yield piece
+                done = True
+            except (*_REPLICA_FAILURES, RayTaskError) as e:
+                done = True
+                if sse:  # the status has gone out: the failure becomes the stream's last event
+                    yield _sse_error(f"the replica serving this request failed: {type(e).__name__}")
+            finally:
+                if not done:  # the client went away: stop the replica's work on it
+                    gen.cancel()
+
+        response = StreamingResponse(body(), status_code=status)
+        response.raw_headers = [(k, v) for k, v in headers if k.lower() not in (b"content-length",
+                                                                               b"transfer-encoding")]
+        return response
+
+
+# -- the application -------------------------------------------------------------------------
+
+
+def application(config: ReplicaConfig | None = None, *, replicas: int = 1, autoscaling: Autoscaling | None = None,
+                api_key: str | None = None, retries: int = 2, max_imbalance: int = 8,
+                health_check_period_s: float = 2.0) -> serve.Application:
+    """The Serve application: `replicas` fixed replicas, or autoscaling between its bounds."""
+    config = config or ReplicaConfig()
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1:
+        raise ValueError(f"replicas must be a positive integer, got {replicas!r}")
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ValueError(f"retries must be a non-negative integer, got {retries!r}")
+    router_config: Any = RequestRouterConfig  # a pydantic model whose fields mypy reads wrongly
+    options: dict[str, Any] = {
+        "name": ENGINE_DEPLOYMENT,
+        "ray_actor_options": {"num_cpus": config.n_threads},
+        # The engine queues and refuses (503) past its own queue: Serve sends it what it would take.
+        "max_ongoing_requests": config.max_batch + max(1, config.max_queue),
+        "request_router_config": router_config(request_router_class=f"{__name__}.PrefixAffinityRouter",
+                                               request_router_kwargs={"max_imbalance": max_imbalance}),
+        "health_check_period_s": health_check_period_s,
+        "health_check_timeout_s": 30.0,
+        "graceful_shutdown_timeout_s": 10.0,
+    }
+    if autoscaling is None:
+        options["num_replicas"] = replicas
+    else:
+        options["autoscaling_config"] = {
+            "min_replicas": autoscaling.min_replicas, "max_replicas": autoscaling.max_replicas,
+            "initial_replicas": max(1, autoscaling.min_replicas),
+            "target_ongoing_requests": autoscaling.target_ongoing_requests or config.max_batch,
+            "upscale_delay_s": autoscaling.upscale_delay_s, "downscale_delay_s": autoscaling.downscale_delay_s}
+    deployment: Any = serve.deployment  # typed as a decorator factory; called on a class here
+    engine = deployment(EngineReplica).options(**options)
+    front = deployment(serve.ingress()(Front)).options(
+        name=FRONT_DEPLOYMENT, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)
+    return front.bind(engine.bind(config), api_key=api_key, max_body_bytes=config.max_body_bytes, retries=retries)
+
+
+def run(config: ReplicaConfig, *, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
+        replicas: int = 1, autoscaling: Autoscaling | None = None, api_key: str | None = None,
+        name: str = "pyinfer") -> None:
+    """What `pyinfer serve --ray` runs: join the cluster at `address` (or $RAY_ADDRESS, or the
+    one `ray start` left on this machine), else start one here (always, with "local"); serve the application on
+    host:port through Serve's proxy until SIGINT or SIGTERM, then take it down."""
+    started_here = False
+    if not ray.is_initialized():
+        address = address or os.environ.get("RAY_ADDRESS") or None
+        try:
+            if address == "local":  # a new cluster here, whatever else runs
+                raise ConnectionError
+            ray.init(address=address or "auto", log_to_driver=False)
+        except ConnectionError:
+            if address not in (None, "local"):
+                raise
+            # Serve's start-up checks get more time than their defaults (5 s for the proxy to be
+            # ready, 0.1 s for a queue-length probe): a small machine is busy loading models then.
+            os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+            os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "2")
+            ray.init(include_dashboard=False, log_to_driver=False)
+            started_here = True
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(application(config, replicas=replicas, autoscaling=autoscaling, api_key=api_key),
+                  name=name, route_prefix="/", blocking=False)
+        print(f"pyinfer serve: Ray Serve application {name!r} on http://{host}:{port}/ "
+              f"({'autoscaling' if autoscaling else f'{replicas} replica(s)'}, {config.n_threads} thread(s) each)",
+              flush=True)
+        stop.wait()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        try:
+            serve.delete(name)
+            if started_here:
+                serve.shutdown()
+        finally:
+            if started_here:
+                ray.shutdown()
+
+
+def replica_pids(app_name: str = "pyinfer", timeout_s: float = 30) -> dict[str, int]:
+    """Each live replica's process id, by replica id (for operations: which process to watch)."""
+    handle = serve.get_deployment_handle(ENGINE_DEPLOYMENT, app_name=app_name)
+    return dict(handle.broadcast("pid").results(timeout_s=timeout_s))
+
+
+__all__ = ["Autoscaling", "EngineReplica", "Front", "PrefixAffinityRouter", "ReplicaConfig", "application",
+           "merge_metrics", "replica_pids", "routing_key", "run"]
