@@ -310,8 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--ray", action="store_true",
                    help="serve through Ray Serve: replicas of the engine behind Serve's HTTP proxy")
     r.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="the cluster to join (default: $RAY_ADDRESS, a cluster `ray start` left here, else a new one; "
-                        "local: always a new one)")
+                   help="the cluster to join (default: $RAY_ADDRESS, else a new one here; "
+                        "auto: the one `ray start` left on this machine)")
     r.add_argument("--replicas", type=int, default=1, help="replicas, each with --threads threads (default: 1)")
     r.add_argument("--min-replicas", type=int, default=1, help="autoscaling: fewest replicas (default: 1)")
     r.add_argument("--max-replicas", type=int, default=None, help="autoscaling: most replicas (turns it on)")

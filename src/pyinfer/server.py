@@ -60,9 +60,15 @@ class APIError(Exception):
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
         self.headers = dict(headers or {})
 
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def event(self) -> str:
+        """The error as a stream's last server-sent event (once the status has gone out)."""
+        return _sse(self.body())
 
 
 def _bad(param: str, message: str) -> APIError:
@@ -352,6 +358,27 @@ def check_api_key(expected: bytes | None, request: HTTPRequest) -> None:
                        type="authentication_error", code="invalid_api_key")
 
 
+def install_error_handlers(app: FastAPI) -> None:
+    """Every error `app` answers in the OpenAI shape: APIError, 404s, validation, the rest."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: HTTPRequest, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: HTTPRequest, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return APIError(exc.status_code, str(exc.detail), type=kind).response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
+        return APIError(400, str(exc)).response()
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: HTTPRequest, exc: Exception) -> JSONResponse:
+        return APIError(500, f"internal error: {exc!r}", type="server_error").response()
+
+
 def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The HTTP app over `engine` (which it closes on shutdown). api_key: when given, every
@@ -379,22 +406,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     app.state.metrics = metrics
     app.state.live_history = live.install(app, engine, model_name)
 
-    @app.exception_handler(APIError)
-    async def _api_error(request: HTTPRequest, exc: APIError) -> JSONResponse:
-        return exc.response()
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: HTTPRequest, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return APIError(exc.status_code, str(exc.detail), type=kind).response()
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: HTTPRequest, exc: RequestValidationError) -> JSONResponse:
-        return APIError(400, str(exc)).response()
-
-    @app.exception_handler(Exception)
-    async def _server_error(request: HTTPRequest, exc: Exception) -> JSONResponse:
-        return APIError(500, f"internal error: {exc!r}", type="server_error").response()
+    install_error_handlers(app)
 
     async def submit(prompt: str | list[int], kwargs: dict[str, Any], started: float,
                      prompt_param: str, body: Mapping[str, Any]) -> RequestHandle:
@@ -448,8 +460,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                 yield _sse(ev)
             yield "data: [DONE]\n\n"
         except Exception as e:  # the status has gone out: the error becomes the last event
-            yield _sse({"error": {"message": f"internal error: {e!r}", "type": "server_error", "param": None,
-                                  "code": None}})
+            yield APIError(500, f"internal error: {e!r}", type="server_error").event()
         finally:
             if not handle.finished:  # the client went away (or the stream failed): stop its sequence
                 handle.cancel()
@@ -692,13 +703,12 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     return app
 
 
-def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          n_threads: int | None = None, n_ctx: int = 4096, precision: str = "fast", max_batch: int = 16,
-          token_budget: int = 256, kv_budget_bytes: int | None = None, max_queue: int = 64,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info", prefix_cache: bool = True) -> None:
-    """Load a model and serve it until interrupted (what `pyinfer serve` runs)."""
-    import uvicorn
-
+def load_app(model: str | None = None, *, n_threads: int | None = None, n_ctx: int = 4096, precision: str = "fast",
+             max_batch: int = 16, token_budget: int = 256, kv_budget_bytes: int | None = None, max_queue: int = 64,
+             prefix_cache: bool = True, api_key: str | None = None,
+             max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """Load a model (a path or a known name), start an Engine on it, and return the app over
+    it (the engine as app.state.engine)."""
     from pyinfer.model import Model
     from pyinfer.registry import resolve_model
 
@@ -706,7 +716,20 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
     m = Model.load(path, n_ctx=n_ctx, n_threads=n_threads, precision=precision)
     engine = Engine(m, max_batch=max_batch, token_budget=token_budget, kv_budget_bytes=kv_budget_bytes,
                     max_queue=max_queue, prefix_cache=prefix_cache)
-    app = create_app(engine, model_name=path.stem, api_key=api_key, max_body_bytes=max_body_bytes)
+    return create_app(engine, model_name=path.stem, api_key=api_key, max_body_bytes=max_body_bytes)
+
+
+def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          n_threads: int | None = None, n_ctx: int = 4096, precision: str = "fast", max_batch: int = 16,
+          token_budget: int = 256, kv_budget_bytes: int | None = None, max_queue: int = 64,
+          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info", prefix_cache: bool = True) -> None:
+    """Load a model and serve it until interrupted (what `pyinfer serve` runs)."""
+    import uvicorn
+
+    app = load_app(model, n_threads=n_threads, n_ctx=n_ctx, precision=precision, max_batch=max_batch,
+                   token_budget=token_budget, kv_budget_bytes=kv_budget_bytes, max_queue=max_queue,
+                   prefix_cache=prefix_cache, api_key=api_key, max_body_bytes=max_body_bytes)
+    engine = app.state.engine
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level)
     finally:

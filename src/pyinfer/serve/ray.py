@@ -40,17 +40,26 @@ from typing import Any
 import ray
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from ray import serve
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 from ray.serve.config import RequestRouterConfig
+from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
-from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+from starlette.types import Receive, Scope, Send
 
-from pyinfer.server import DEFAULT_MAX_BODY_BYTES, APIError, check_api_key, create_app, read_body
+from pyinfer.server import (
+    DEFAULT_MAX_BODY_BYTES,
+    APIError,
+    check_api_key,
+    install_error_handlers,
+    load_app,
+    read_body,
+)
 
 ENGINE_DEPLOYMENT = "PyinferEngine"
 FRONT_DEPLOYMENT = "PyinferFront"
@@ -135,7 +144,7 @@ def _weight(key: str, replica: str) -> int:
     return int.from_bytes(hashlib.blake2b(f"{key}\0{replica}".encode(), digest_size=8).digest(), "big")
 
 
-class PrefixAffinityRouter(FIFOMixin, RequestRouter):
+class PrefixAffinityRouter(RequestRouter):
     """Requests with a routing key go to the replica that ranks it highest (rendezvous
     hashing: adding or losing a replica moves only the keys it gains or held), unless that
     replica's queue is more than `max_imbalance` requests longer than the shortest one
@@ -153,6 +162,8 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
+        if pending_request is not None:  # when every replica is full: wait between rounds of probes
+            pending_request.routing_context.should_backoff = True
         key = pending_request.metadata.session_id if pending_request is not None else ""
         if not key:
             return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
@@ -173,17 +184,12 @@ class EngineReplica:
     """One model and its `Engine`, with `pyinfer.server`'s app over it."""
 
     def __init__(self, config: ReplicaConfig) -> None:
-        from pyinfer.engine import Engine
-        from pyinfer.model import Model
-        from pyinfer.registry import resolve_model
-
-        path = resolve_model(config.model)
-        model = Model.load(path, n_ctx=config.n_ctx, n_threads=config.n_threads, precision=config.precision)
-        self.engine = Engine(model, max_batch=config.max_batch, token_budget=config.token_budget,
-                             kv_budget_bytes=config.kv_budget_bytes, max_queue=config.max_queue,
-                             prefix_cache=config.prefix_cache)
         # No key here: the front checks it before anything reaches a replica.
-        self.app = create_app(self.engine, model_name=path.stem, max_body_bytes=config.max_body_bytes)
+        self.app = load_app(config.model, n_threads=config.n_threads, n_ctx=config.n_ctx, precision=config.precision,
+                            max_batch=config.max_batch, token_budget=config.token_budget,
+                            kv_budget_bytes=config.kv_budget_bytes, max_queue=config.max_queue,
+                            prefix_cache=config.prefix_cache, max_body_bytes=config.max_body_bytes)
+        self.engine = self.app.state.engine
         self.replica = serve.get_replica_context().replica_id.unique_id
 
     def check_health(self) -> None:
@@ -197,14 +203,12 @@ class EngineReplica:
     def pid(self) -> tuple[str, int]:
         return self.replica, os.getpid()
 
-    async def http(self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]],
-                   body: bytes) -> AsyncIterator[Any]:
-        """Run one HTTP request through the app: yields (status, headers), then the body's
-        pieces as the app writes them. Cancelling the call is the client going away."""
-        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-                 "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
-                 "query_string": query, "root_path": "", "headers": headers,
-                 "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
+    async def http(self, request: dict[str, Any], body: bytes) -> AsyncIterator[Any]:
+        """Run one HTTP request (its ASGI scope's fields, FORWARDED_SCOPE) through the app:
+        yields (status, headers), then the body's pieces as the app writes them. Cancelling
+        the call is the client going away."""
+        scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "scheme": "http",
+                 "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0), "http_version": "1.1", **request}
         sent: asyncio.Queue[MutableMapping[str, Any] | None] = asyncio.Queue()
         gone = asyncio.Event()
         body_read = False
@@ -269,27 +273,26 @@ def merge_metrics(parts: Iterable[tuple[str, bytes]]) -> bytes:
     return generate_latest(_All())
 
 
-def _sse_error(message: str) -> bytes:
-    err = {"error": {"message": message, "type": "server_error", "param": None, "code": "replica_failed"}}
-    return f"data: {json.dumps(err)}\n\n".encode()
+# The parts of an HTTP request's ASGI scope a replica gets as they are (the proxy's root_path
+# included: a route prefix reaches the app as it would behind any proxy).
+FORWARDED_SCOPE = ("method", "path", "raw_path", "root_path", "query_string", "headers", "http_version")
 
 
 class Front:
     """The ingress: the key check, the routing key, retries before the first byte."""
 
     def __init__(self, engine: DeploymentHandle, api_key: str | None = None,
-                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, retries: int = 2) -> None:
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, retries: int = 1,
+                 first_byte_timeout_s: float = 600.0) -> None:
         self.engine = engine
         self.expected = api_key.encode() if api_key else None
         self.max_body_bytes = max_body_bytes
         self.retries = retries
+        self.first_byte_timeout_s = first_byte_timeout_s
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         app = FastAPI(title="pyinfer (Ray Serve)", docs_url=None, redoc_url=None, openapi_url=None)
-
-        @app.exception_handler(APIError)
-        async def _api_error(request: HTTPRequest, exc: APIError) -> JSONResponse:
-            return exc.response()
+        install_error_handlers(app)
 
         @app.get("/health")
         async def health() -> JSONResponse:
@@ -298,8 +301,9 @@ class Front:
         @app.get("/metrics")
         async def metrics(request: HTTPRequest) -> Response:
             check_api_key(self.expected, request)
-            results = await asyncio.to_thread(lambda: self.engine.broadcast("metrics").results(timeout_s=30))
-            return Response(merge_metrics(results), media_type=CONTENT_TYPE_LATEST)
+            results = await self.engine.broadcast("metrics").results_async(timeout_s=15, return_exceptions=True)
+            # A replica that is dying or starting is left out of this scrape, not the whole of it.
+            return Response(merge_metrics(r for r in results if isinstance(r, tuple)), media_type=CONTENT_TYPE_LATEST)
 
         @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"])
         async def forward(request: HTTPRequest, path: str) -> Response:
@@ -315,63 +319,87 @@ class Front:
         except (ValueError, RecursionError):
             parsed = None  # the replica answers what is wrong with it
         key = routing_key(dict(request.headers), parsed)
-        args = (request.method, request.url.path, request.scope.get("query_string", b""),
-                list(request.scope["headers"]), body)
+        scope = {k: request.scope[k] for k in FORWARDED_SCOPE if k in request.scope}
         last: BaseException | None = None
         for attempt in range(self.retries + 1):
             options: dict[str, Any] = {"method_name": "http", "stream": True}
-            if key:
+            if key and attempt == 0:  # a retry goes wherever the router finds room
                 options["session_id"] = key
-            gen: Any = self.engine.options(**options).remote(*args)
+            gen: Any = None
             try:
-                status, headers = await gen.__anext__()
+                gen = self.engine.options(**options).remote(scope, body)
+                status, headers = await asyncio.wait_for(gen.__anext__(), self.first_byte_timeout_s)
                 try:
-                    first = await gen.__anext__()
+                    first = await asyncio.wait_for(gen.__anext__(), self.first_byte_timeout_s)
                 except StopAsyncIteration:
                     first = None
             except _REPLICA_FAILURES as e:  # nothing was sent yet: another replica may serve it
-                gen.cancel()
+                _cancel(gen)
                 last = e
-                await asyncio.sleep(min(2.0, 0.25 * 2 ** attempt))
+                await asyncio.sleep(0.25 * 2 ** attempt)
                 continue
+            except BackPressureError as e:
+                _cancel(gen)
+                raise APIError(503, f"every replica is full: {e}", type="server_error", code="overloaded",
+                               headers={"Retry-After": "1"}) from None
+            except asyncio.TimeoutError:
+                _cancel(gen)
+                raise APIError(503, f"no replica answered within {self.first_byte_timeout_s:.0f} s",
+                               type="server_error", code="replica_unavailable", headers={"Retry-After": "1"}) from None
             except RayTaskError as e:
-                gen.cancel()
+                _cancel(gen)
                 raise APIError(500, f"internal error in the replica: {e.cause!r}", type="server_error") from None
-            return self._respond(status, headers, first, gen)
-        raise APIError(503, f"no replica could serve the request after {self.retries + 1} tries: {last}",
+            except BaseException:  # cancelled: the client went away before the first byte
+                _cancel(gen)
+                raise
+            return Forwarded(status, headers, first, gen)
+        raise APIError(503, f"the replica serving the request failed, and {self.retries} retries too: {last}",
                        type="server_error", code="replica_unavailable", headers={"Retry-After": "1"})
 
-    @staticmethod
-    def _respond(status: int, headers: list[tuple[bytes, bytes]], first: bytes | None, gen: Any) -> Response:
-        sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
 
-        async def body() -> AsyncIterator[bytes]:
-            done = False
+def _cancel(gen: Any) -> None:
+    if gen is not None:
+        gen.cancel()
+
+
+class Forwarded(Response):
+    """A replica's response passed on as it arrives. A replica lost mid-way ends a stream of
+    server-sent events with an error event; a client that goes away cancels the replica's
+    call (and with it the engine's request)."""
+
+    def __init__(self, status: int, headers: list[tuple[bytes, bytes]], first: bytes | None, gen: Any) -> None:
+        self.status_code = status
+        self.raw_headers = [(k, v) for k, v in headers if k.lower() not in (b"content-length", b"transfer-encoding")]
+        self.background = None
+        self.first, self.gen = first, gen
+        self.sse = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        done = False
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if self.first is not None:
+                await send({"type": "http.response.body", "body": self.first, "more_body": True})
             try:
-                if first is not None:
-                    yield first
-                async for piece in gen:
-                    yield piece
-                done = True
+                async for piece in self.gen:
+                    await send({"type": "http.response.body", "body": piece, "more_body": True})
             except (*_REPLICA_FAILURES, RayTaskError) as e:
-                done = True
-                if sse:  # the status has gone out: the failure becomes the stream's last event
-                    yield _sse_error(f"the replica serving this request failed: {type(e).__name__}")
-            finally:
-                if not done:  # the client went away: stop the replica's work on it
-                    gen.cancel()
-
-        response = StreamingResponse(body(), status_code=status)
-        response.raw_headers = [(k, v) for k, v in headers if k.lower() not in (b"content-length",
-                                                                               b"transfer-encoding")]
-        return response
+                if self.sse:  # the status has gone out: the failure becomes the stream's last event
+                    message = f"the replica serving this request failed mid-way: {type(e).__name__}"
+                    event = APIError(502, message, type="server_error", code="replica_failed").event()
+                    await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+            done = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            if not done:  # the client went away (cancelled, or its connection refused a write)
+                self.gen.cancel()
 
 
 # -- the application -------------------------------------------------------------------------
 
 
 def application(config: ReplicaConfig | None = None, *, replicas: int = 1, autoscaling: Autoscaling | None = None,
-                api_key: str | None = None, retries: int = 2, max_imbalance: int = 8,
+                api_key: str | None = None, retries: int = 1, max_imbalance: int = 8,
                 health_check_period_s: float = 2.0) -> serve.Application:
     """The Serve application: `replicas` fixed replicas, or autoscaling between its bounds."""
     config = config or ReplicaConfig()
@@ -383,8 +411,10 @@ def application(config: ReplicaConfig | None = None, *, replicas: int = 1, autos
     options: dict[str, Any] = {
         "name": ENGINE_DEPLOYMENT,
         "ray_actor_options": {"num_cpus": config.n_threads},
-        # The engine queues and refuses (503) past its own queue: Serve sends it what it would take.
+        # A replica takes what its engine runs and queues; past that requests wait at the front,
+        # up to max_queued_requests, and then are refused (503 with Retry-After).
         "max_ongoing_requests": config.max_batch + max(1, config.max_queue),
+        "max_queued_requests": max(1, config.max_queue),
         "request_router_config": router_config(request_router_class=f"{__name__}.PrefixAffinityRouter",
                                                request_router_kwargs={"max_imbalance": max_imbalance}),
         "health_check_period_s": health_check_period_s,
@@ -406,27 +436,32 @@ def application(config: ReplicaConfig | None = None, *, replicas: int = 1, autos
     return front.bind(engine.bind(config), api_key=api_key, max_body_bytes=config.max_body_bytes, retries=retries)
 
 
+def local_cluster_defaults() -> None:
+    """Settings for a cluster started on this machine, unless the environment has its own:
+    Ray starts worker processes (the replicas among them) at niceness 15, so that the
+    driver comes first; a replica is the work here, and beside any busy process at niceness 0
+    it would get a sliver of a core (per-token latency 20 times longer, measured). And Serve's
+    start-up checks get more time than their defaults (5 s for the proxy to be ready, 0.1 s
+    for a queue-length probe): a small machine is busy loading models then."""
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
+    os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "2")
+
+
 def run(config: ReplicaConfig, *, host: str = "127.0.0.1", port: int = 8000, address: str | None = None,
         replicas: int = 1, autoscaling: Autoscaling | None = None, api_key: str | None = None,
         name: str = "pyinfer") -> None:
-    """What `pyinfer serve --ray` runs: join the cluster at `address` (or $RAY_ADDRESS, or the
-    one `ray start` left on this machine), else start one here (always, with "local"); serve the application on
+    """What `pyinfer serve --ray` runs: join the cluster at `address` (or $RAY_ADDRESS; "auto":
+    the one `ray start` left on this machine), else start one here; serve the application on
     host:port through Serve's proxy until SIGINT or SIGTERM, then take it down."""
     started_here = False
     if not ray.is_initialized():
-        address = address or os.environ.get("RAY_ADDRESS") or None
-        try:
-            if address == "local":  # a new cluster here, whatever else runs
-                raise ConnectionError
-            ray.init(address=address or "auto", log_to_driver=False)
-        except ConnectionError:
-            if address not in (None, "local"):
-                raise
-            # Serve's start-up checks get more time than their defaults (5 s for the proxy to be
-            # ready, 0.1 s for a queue-length probe): a small machine is busy loading models then.
-            os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-            os.environ.setdefault("RAY_SERVE_QUEUE_LENGTH_RESPONSE_DEADLINE_S", "2")
-            ray.init(include_dashboard=False, log_to_driver=False)
+        address = address or os.environ.get("RAY_ADDRESS") or "local"
+        if address != "local":
+            ray.init(address=address, log_to_driver=False)
+        else:
+            local_cluster_defaults()
+            ray.init(address="local", include_dashboard=False, log_to_driver=False)
             started_here = True
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -456,5 +491,5 @@ def replica_pids(app_name: str = "pyinfer", timeout_s: float = 30) -> dict[str, 
     return dict(handle.broadcast("pid").results(timeout_s=timeout_s))
 
 
-__all__ = ["Autoscaling", "EngineReplica", "Front", "PrefixAffinityRouter", "ReplicaConfig", "application",
-           "merge_metrics", "replica_pids", "routing_key", "run"]
+__all__ = ["Autoscaling", "EngineReplica", "Forwarded", "Front", "PrefixAffinityRouter", "ReplicaConfig",
+           "application", "local_cluster_defaults", "merge_metrics", "replica_pids", "routing_key", "run"]
