@@ -224,9 +224,9 @@ def test_metrics_carry_every_replica(two_replicas: str) -> None:
     pids = replica_pids(APP)
     assert len(pids) == 2
     text = httpx.get(f"{two_replicas}/metrics", timeout=60).text
-    for replica in pids:
-        assert f'replica="{replica}"' in text
-    assert "pyinfer:context_budget_bytes{replica=" in text and "pyinfer:requests_total{" in text
+    for replica in pids:  # one series per replica, each sample labelled with it
+        assert f'pyinfer:context_budget_bytes{{replica="{replica}"}}' in text, text[:2000]
+    assert text.count("# TYPE pyinfer:context_budget_bytes gauge") == 1
     assert httpx.get(f"{two_replicas}/health", timeout=30).json() == {"status": "ok"}
 
 
@@ -237,6 +237,29 @@ def test_errors_keep_the_openai_shape_through_the_proxy(two_replicas: str) -> No
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     r = httpx.get(f"{two_replicas}/v1/nothing-here", timeout=60)
     assert r.status_code == 404
+
+
+def _summed(url: str, name: str, **labels: str) -> float:
+    """A sample summed over the replicas (and any labels not given) in the front's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    return sum(x.value for fam in text_string_to_metric_families(text) for x in fam.samples
+               if x.name == name and all(x.labels.get(k) == v for k, v in labels.items()))
+
+
+def test_a_client_that_goes_away_cancels_its_request_on_the_replica(two_replicas: str) -> None:
+    cancelled = _summed(two_replicas, "pyinfer:requests_total", finish_reason="cancelled")
+    body = {"messages": [{"role": "user", "content": "Write a long story about a lighthouse."}], "max_tokens": 900,
+            "stream": True, "temperature": 0}
+    with httpx.stream("POST", f"{two_replicas}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+    assert any(line.startswith("data: {") for line in got)
+    # The replica stops the sequence: it is counted cancelled, and nothing is left running.
+    wait_for(lambda: _summed(two_replicas, "pyinfer:requests_total", finish_reason="cancelled") > cancelled
+             and _summed(two_replicas, "llamacpp:requests_processing") == 0, 60, "the cancellation on the replica")
 
 
 def _live_pids() -> dict[str, int]:
