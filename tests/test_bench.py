@@ -118,8 +118,10 @@ def test_context_model_size_and_ceiling(bench_out: Path) -> None:
     f32 = {r["context"]: r["kv_bytes_per_position"] for r in ctx if r["kv_dtype"] == "float32"}
     f16 = {r["context"]: r["kv_bytes_per_position"] for r in ctx if r["kv_dtype"] == "float16"}
     assert all(f32[c] == 2 * f16[c] for c in f32)
-    for r in _load(bench_out, "model_size")["rows"]:
+    sizes = _load(bench_out, "model_size")["rows"]
+    for r in sizes:
         _check_decode_row(r)
+    assert {r["weights"] for r in sizes} == {"file", "q4_1", "q4_k_m"}
     ceil = _load(bench_out, "ceiling")
     assert [b["threads"] for b in ceil["bandwidth"]] == [1, 2]
     for b in ceil["bandwidth"]:
@@ -451,3 +453,30 @@ def test_contention_report_is_consistent(bench_out: Path) -> None:
         assert ratio == pytest.approx(rows[(c, 2)]["tokens_per_s"] / rows[(c, 1)]["tokens_per_s"])
     assert rep["target_met"] == (rep["ratios"]["one core busy"] >= 1.0)
     assert rep["competitor_cpu"] in os.sched_getaffinity(0)
+
+
+def test_synthetic_q4_k_m_is_llama_cpp_s_mix(tmp_path: Path) -> None:
+    """A synthetic Q4_K_M file: Q6_K for the head and for attn_v / ffn_down on the layers
+    llama.cpp keeps at more bits, Q4_K elsewhere, and the 32-element type where a row is not
+    whole super-blocks; it loads and decodes."""
+    from pyinfer.bench.synthetic import Shape, write_synthetic
+    from pyinfer.gguf import GGUFReader
+    from pyinfer.gguf_types import GGMLType
+    from pyinfer.model import Model
+
+    shape = Shape(n_layer=8, n_embd=256, n_head=4, n_head_kv=2, n_ff=544, n_vocab=512, n_ctx=256)
+    path = write_synthetic(tmp_path / "mix.gguf", shape, "q4_k_m")
+    with GGUFReader(path) as r:
+        types = {name: t.type for name, t in r.tensors.items()}
+        assert r.metadata["general.file_type"] == 15
+    assert types["output.weight"] == GGMLType.Q6_K and types["token_embd.weight"] == GGMLType.Q4_K
+    # n_layer 8: layers 0 and 7 (the first and last eighth) and 3, 6 (every third between)
+    six = {i for i in range(8) if types[f"blk.{i}.attn_v.weight"] == GGMLType.Q6_K}
+    assert six == {0, 3, 6, 7}
+    assert types["blk.1.attn_q.weight"] == GGMLType.Q4_K
+    assert types["blk.1.ffn_down.weight"] == GGMLType.Q5_0  # 544 columns: not whole 256-blocks
+    assert types["blk.0.ffn_down.weight"] == GGMLType.Q8_0  # Q6_K's 32-element stand-in
+    m = Model.load(path, n_threads=1)
+    assert len(m.generate("ab", max_tokens=3, temperature=0).token_ids) == 3
+    with pytest.raises(ValueError, match="unknown weight mix"):
+        write_synthetic(tmp_path / "bad.gguf", shape, "q3_k_xl")

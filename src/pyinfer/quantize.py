@@ -25,7 +25,7 @@ TARGET_TYPES: dict[str, GGMLType] = {
     "q4_k": GGMLType.Q4_K,
     "q5_k": GGMLType.Q5_K,
     "q6_k": GGMLType.Q6_K,
-    "q4_k_m": GGMLType.Q4_K,  # the mix: see _mix_type
+    "q4_k_m": GGMLType.Q4_K,  # the mix: see mix_type
 }
 
 # llama.cpp's llama_ftype for the file's format: readers show it as the file's
@@ -35,7 +35,7 @@ _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q
 
 # A K-quant matrix whose rows are not whole 256-element super-blocks takes the 32-element type
 # of about as many bits, as llama.cpp's quantizer does.
-_K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
+K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
 
 
 def _more_bits(layer: int, n_layer: int) -> bool:
@@ -44,7 +44,7 @@ def _more_bits(layer: int, n_layer: int) -> bool:
     return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
 
-def _mix_type(name: str, n_layer: int, tied: bool) -> GGMLType:
+def mix_type(name: str, n_layer: int, tied: bool) -> GGMLType:
     """Q4_K_M: Q6_K for the output head (the embedding when it doubles as the head) and for
     attn_v and ffn_down on _more_bits layers; Q4_K for every other matrix."""
     if name == "output.weight" or (tied and name == "token_embd.weight"):
@@ -62,7 +62,7 @@ def _keeps_f32(name: str, shape: tuple[int, ...]) -> bool:
 
 def quantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], type_name: str) -> dict[str, Any]:
     """Write `dst`: `src` with every weight matrix dequantized to float32 and re-quantized to
-    `type_name` (one of TARGET_TYPES; "q4_k_m" the Q4_K/Q6_K mix of _mix_type), the embedding
+    `type_name` (one of TARGET_TYPES; "q4_k_m" the Q4_K/Q6_K mix of mix_type), the embedding
     and output head included; vectors (norms) stay F32. Metadata is copied with its value
     types; general.file_type is set.
 
@@ -92,12 +92,12 @@ def quantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], typ
         tied = "output.weight" not in r.tensors
         for name, t in r.tensors.items():
             values = r.dequantize(name)
-            out = _mix_type(name, n_layer, tied) if key == "q4_k_m" else target
+            out = mix_type(name, n_layer, tied) if key == "q4_k_m" else target
             if _keeps_f32(name, t.shape):
                 out = GGMLType.F32
             else:
                 if t.shape[0] % BLOCK_SIZES[out][0]:
-                    out = _K_FALLBACK.get(out, out)
+                    out = K_FALLBACK.get(out, out)
                 if t.shape[0] % BLOCK_SIZES[out][0]:
                     out = GGMLType.F16
             w.add_tensor(name, values, out)

@@ -471,22 +471,29 @@ def study_prefill(s: Settings) -> Report:
 
 
 def study_model_size(s: Settings) -> Report:
-    """Decode on synthetic llama models of growing size (random Q4_1 weights: speed does not
-    depend on the values) beside the benchmarked model: all far past the cache, on one line."""
-    presets = ["tiny"] if s.quick else ["0.5b", "1b", "3b"]
+    """Decode on synthetic llama models of growing size beside the benchmarked model, all far
+    past the cache, on one line: random Q4_1 weights (speed does not depend on the values) and
+    llama.cpp's Q4_K_M mix (Q4_K, with Q6_K for the head and some attn_v and ffn_down)."""
+    models: list[tuple[str, str, GGMLType | str]] = [(s.model.name, "", GGMLType.Q4_1)]
+    if s.quick:
+        models += [("tiny", "tiny", GGMLType.Q4_1), ("tiny q4_k_m", "tiny", "q4_k_m")]
+    else:
+        models += [(p, p, GGMLType.Q4_1) for p in ("0.5b", "1b", "3b")]
+        models += [(f"{p} q4_k_m", p, "q4_k_m") for p in ("1b", "3b", "8b")]
     start, n_steps = (16, 8) if s.quick else (16, 16)
     rows: list[dict[str, Any]] = []
-    for name in [s.model.name] + presets:
-        path = s.model if name == s.model.name else synthetic_model(name)
-        m = Model.load(path, n_threads=max(s.threads), n_ctx=start + n_steps + 1)
+    for name, preset, kind in models:
+        path = synthetic_model(preset, kind) if preset else s.model
+        m = Model.load(path, n_threads=max(s.threads), n_ctx=start + n_steps + 1)  # one model at a time
         r = _decode_sweep(s, {name: m}, start=start, n_steps=n_steps, title=f"size {name}", key="model")
         for row in r:
-            row["n_params"] = PRESETS[name].n_params if name in PRESETS else None
-            row["synthetic"] = name in PRESETS
+            row["n_params"] = PRESETS[preset].n_params if preset else None
+            row["synthetic"] = bool(preset)
+            row["weights"] = (kind if isinstance(kind, str) else kind.name.lower()) if preset else "file"
         rows += r
         del m
-    md = ["## Model size", "", "Synthetic llama-shaped models with random Q4_1 weights (speed does not depend "
-          "on weight values), decoding beside the benchmarked model.", ""]
+    md = ["## Model size", "", "Synthetic llama-shaped models with random weights (speed does not depend on "
+          "weight values), Q4_1 and llama.cpp's Q4_K_M mix, decoding beside the benchmarked model.", ""]
     return {"study": "model_size", "rows": rows}, md + _roofline_md(rows, "model", "model")
 
 

@@ -61,7 +61,12 @@ PRESETS: dict[str, Shape] = {
     "0.5b": Shape(n_layer=28, n_embd=1024, n_head=16, n_head_kv=4, n_ff=4096, n_vocab=32000),
     "1b": Shape(n_layer=22, n_embd=2048, n_head=32, n_head_kv=4, n_ff=5632, n_vocab=32000),
     "3b": Shape(n_layer=28, n_embd=3072, n_head=24, n_head_kv=8, n_ff=8192, n_vocab=32000),
+    "8b": Shape(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=32000),  # Llama 3 8B's layers
 }
+
+# Weight formats of synthetic models: one type for every matrix, or "q4_k_m", llama.cpp's
+# Q4_K_M mix of Q4_K and Q6_K (pyinfer.quantize's choice per tensor).
+MIXES = ("q4_k_m",)
 
 
 # The architectures write_synthetic writes: the llama family's members (mistral: the llama
@@ -291,13 +296,14 @@ def write_synthetic_llama(path: str | os.PathLike[str], shape: Shape | str,
 
 
 def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
-                    ggml_type: GGMLType = GGMLType.Q4_1, seed: int = 0, *, arch: str = "llama",
+                    ggml_type: GGMLType | str = GGMLType.Q4_1, seed: int = 0, *, arch: str = "llama",
                     vocab: str = "bytes", sliding_window: int = 0, n_rot: int = 0, tile_rows: int = 256,
                     fused_qkv: bool = True, omit: tuple[str, ...] = (),
                     metadata: Mapping[str, Any] | None = None,
                     tensors: Mapping[str, np.ndarray] | None = None) -> Path:
     """Write a GGUF of architecture `arch` (ARCHITECTURES) and `shape` (a Shape or a PRESETS
-    name) with random weights in `ggml_type` (norms and biases in F32), a separate output head,
+    name) with random weights in `ggml_type` (a GGMLType, or a mix of MIXES; norms and biases in
+    F32), a separate output head,
     the architecture's real tensor names, shapes and metadata keys (qwen2's Q/K/V biases,
     qwen3's per-head norms and key length, phi3's fused attn_qkv and 2 * n_ff-row ffn_up), a
     tokenizer and a chat template.
@@ -314,7 +320,10 @@ def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
     NumPy order) are added as they are."""
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown synthetic architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")
+    if isinstance(ggml_type, str) and ggml_type not in MIXES:
+        raise ValueError(f"unknown weight mix {ggml_type!r} (known: {', '.join(MIXES)})")
     s = PRESETS[shape] if isinstance(shape, str) else shape
+    type_of = functools.partial(_weight_type, ggml_type, s.n_layer)
     name = "llama" if arch == "mistral" else arch
     rng = np.random.default_rng(seed)
     path = Path(path)
@@ -342,8 +351,8 @@ def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
         w.add("phi3.rope.scaling.original_context_length", s.n_ctx, ValueType.UINT32)
     w.add(f"{name}.rope.freq_base", 1e6 if arch.startswith("qwen") else 10000.0, ValueType.FLOAT32)
     w.add(f"{name}.attention.layer_norm_rms_epsilon", 1e-6 if arch.startswith("qwen") else 1e-5, ValueType.FLOAT32)
-    w.add("general.file_type", {GGMLType.Q4_1: 3, GGMLType.Q4_0: 2, GGMLType.Q8_0: 7,
-                                GGMLType.F16: 1, GGMLType.F32: 0}.get(ggml_type, 0), ValueType.UINT32)
+    w.add("general.file_type", {GGMLType.Q4_1: 3, GGMLType.Q4_0: 2, GGMLType.Q8_0: 7, GGMLType.F16: 1,
+                                GGMLType.F32: 0, "q4_k_m": 15}.get(ggml_type, 0), ValueType.UINT32)
     if vocab == "bytes":
         end = _byte_vocabulary(w, s.n_vocab)
     elif vocab == "bpe":
@@ -357,9 +366,9 @@ def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
     w.add("tokenizer.chat_template", chat_template(end))
     q, kv = s.n_head * hd, s.n_head_kv * hd
 
-    def add_raw(tname: str, raw: np.ndarray, ggml_shape: tuple[int, int]) -> None:
+    def add_raw(tname: str, raw: np.ndarray, ggml_shape: tuple[int, int], t: GGMLType) -> None:
         if tname not in omit:
-            w.add_raw_tensor(tname, raw, ggml_shape, ggml_type)
+            w.add_raw_tensor(tname, raw, ggml_shape, t)
 
     def add(tname: str, data: np.ndarray) -> None:
         if tname not in omit:
@@ -372,13 +381,14 @@ def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
             mat, rows = mat.replace("attn_q", "attn_qkv"), q + 2 * kv
         if arch == "phi3" and mat.endswith("ffn_up.weight"):
             rows = 2 * s.n_ff
-        raw = _random_matrix(rng, rows, cols, ggml_type, tile_rows)
+        wt = type_of(mat, cols)
+        raw = _random_matrix(rng, rows, cols, wt, tile_rows)
         if mat.endswith("attn_qkv.weight") and not fused_qkv:
             parts = np.split(raw.reshape(rows, -1), [q, q + kv])
             for t, part in zip("qkv", parts):
-                add_raw(mat.replace("attn_qkv", f"attn_{t}"), part.reshape(-1), (cols, part.shape[0]))
+                add_raw(mat.replace("attn_qkv", f"attn_{t}"), part.reshape(-1), (cols, part.shape[0]), wt)
         else:
-            add_raw(mat, raw, (cols, rows))
+            add_raw(mat, raw, (cols, rows), wt)
     for i in range(s.n_layer):
         for norm in ("attn_norm", "ffn_norm"):
             add(f"blk.{i}.{norm}.weight", 1 + 0.1 * rng.standard_normal(s.n_embd).astype(np.float32))
@@ -400,7 +410,17 @@ def write_synthetic(path: str | os.PathLike[str], shape: Shape | str,
     return path
 
 
-def synthetic_model(preset: str, ggml_type: GGMLType = GGMLType.Q4_1, arch: str = "llama") -> Path:
+def _weight_type(ggml_type: GGMLType | str, n_layer: int, name: str, cols: int) -> GGMLType:
+    """The type of matrix `name` (of `cols` columns) in a file of `ggml_type`."""
+    if not isinstance(ggml_type, str):
+        return ggml_type
+    from pyinfer.quantize import K_FALLBACK, mix_type
+
+    t = mix_type(name, n_layer, tied=False)
+    return K_FALLBACK[t] if cols % BLOCK_SIZES[t][0] else t
+
+
+def synthetic_model(preset: str, ggml_type: GGMLType | str = GGMLType.Q4_1, arch: str = "llama") -> Path:
     """The preset's model of architecture `arch` (ARCHITECTURES) in the cache
     (pyinfer.registry.cache_dir()/derived), written once."""
     from pyinfer.registry import cache_dir
@@ -409,7 +429,8 @@ def synthetic_model(preset: str, ggml_type: GGMLType = GGMLType.Q4_1, arch: str 
         raise ValueError(f"unknown synthetic model {preset!r} (known: {', '.join(PRESETS)})")
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown synthetic architecture {arch!r} (known: {', '.join(ARCHITECTURES)})")
-    path = cache_dir() / "derived" / f"synthetic-{arch}-{preset}.{ggml_type.name.lower()}.gguf"
+    kind = ggml_type if isinstance(ggml_type, str) else ggml_type.name.lower()
+    path = cache_dir() / "derived" / f"synthetic-{arch}-{preset}.{kind}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         write_synthetic(path, preset, ggml_type, arch=arch)
