@@ -21,22 +21,31 @@ import pytest
 
 if not os.environ.get("CI"):  # CI installs the extra: there a missing one fails
     pytest.importorskip("ray.serve", reason="the [ray] extra (ray[serve]) is not installed")
-import openai
-import ray
-from _serve import free_port
-from ray import serve
+import warnings
 
-from pyinfer.serve.ray import (
-    ENGINE_DEPLOYMENT,
-    REPLICA_HEADER,
-    Autoscaling,
-    ReplicaConfig,
-    application,
-    local_cluster_defaults,
-    merge_metrics,
-    replica_pids,
-    routing_key,
-)
+import openai
+
+from _serve import free_port
+
+# Ray's own modules raise deprecation warnings of their dependencies (pydantic) on import and use.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import ray
+    from ray import serve
+
+    from pyinfer.serve.ray import (
+        ENGINE_DEPLOYMENT,
+        REPLICA_HEADER,
+        Autoscaling,
+        ReplicaConfig,
+        application,
+        local_cluster_defaults,
+        merge_metrics,
+        replica_pids,
+        routing_key,
+    )
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 APP = "pyinfer"
 CONFIG = ReplicaConfig(n_threads=1, n_ctx=1024, max_batch=8, max_queue=32)
