@@ -25,7 +25,7 @@ TARGET_TYPES: dict[str, GGMLType] = {
     "q4_k": GGMLType.Q4_K,
     "q5_k": GGMLType.Q5_K,
     "q6_k": GGMLType.Q6_K,
-    "q4_k_m": GGMLType.Q4_K,  # the mix: see mix_type
+    "q4_k_m": GGMLType.Q4_K,  # the mix: see _mix_type
 }
 
 # llama.cpp's llama_ftype for the file's format: readers show it as the file's
@@ -35,7 +35,7 @@ _FILE_TYPE = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q5_0": 8, "q
 
 # A K-quant matrix whose rows are not whole 256-element super-blocks takes the 32-element type
 # of about as many bits, as llama.cpp's quantizer does.
-K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
+_K_FALLBACK = {GGMLType.Q4_K: GGMLType.Q5_0, GGMLType.Q5_K: GGMLType.Q5_1, GGMLType.Q6_K: GGMLType.Q8_0}
 
 
 def _more_bits(layer: int, n_layer: int) -> bool:
@@ -44,7 +44,7 @@ def _more_bits(layer: int, n_layer: int) -> bool:
     return layer < n_layer // 8 or layer >= 7 * n_layer // 8 or (layer - n_layer // 8) % 3 == 2
 
 
-def mix_type(name: str, n_layer: int, tied: bool) -> GGMLType:
+def _mix_type(name: str, n_layer: int, tied: bool) -> GGMLType:
     """Q4_K_M: Q6_K for the output head (the embedding when it doubles as the head) and for
     attn_v and ffn_down on _more_bits layers; Q4_K for every other matrix."""
     if name == "output.weight" or (tied and name == "token_embd.weight"):
@@ -55,6 +55,19 @@ def mix_type(name: str, n_layer: int, tied: bool) -> GGMLType:
     return GGMLType.Q4_K
 
 
+def matrix_type(type_name: str, name: str, n_layer: int, tied: bool, row_length: int) -> GGMLType:
+    """The type weight matrix `name` (rows of `row_length`) takes in a file of `type_name`
+    (a TARGET_TYPES key; "q4_k_m": _mix_type's choice). A matrix whose rows are not a whole
+    number of that type's blocks falls back: a K-quant to Q5_0, Q5_1 or Q8_0 (rows of
+    256-element super-blocks are rarer than rows of 32), anything else to F16."""
+    out = _mix_type(name, n_layer, tied) if type_name == "q4_k_m" else TARGET_TYPES[type_name]
+    if row_length % BLOCK_SIZES[out][0]:
+        out = _K_FALLBACK.get(out, out)
+    if row_length % BLOCK_SIZES[out][0]:
+        out = GGMLType.F16
+    return out
+
+
 def _keeps_f32(name: str, shape: tuple[int, ...]) -> bool:
     """Norm weights and other vectors stay float32, as llama.cpp's quantizer keeps them."""
     return len(shape) == 1 or name.endswith("norm.weight")
@@ -62,18 +75,14 @@ def _keeps_f32(name: str, shape: tuple[int, ...]) -> bool:
 
 def quantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], type_name: str) -> dict[str, Any]:
     """Write `dst`: `src` with every weight matrix dequantized to float32 and re-quantized to
-    `type_name` (one of TARGET_TYPES; "q4_k_m" the Q4_K/Q6_K mix of mix_type), the embedding
-    and output head included; vectors (norms) stay F32. Metadata is copied with its value
-    types; general.file_type is set.
-
-    A matrix whose rows are not a whole number of the target's blocks falls back: a K-quant to
-    Q5_0, Q5_1 or Q8_0 (rows of 256-element super-blocks are rarer than rows of 32), anything
-    else to F16. Returns a summary: the tensor count per written type and the output's size.
+    `type_name` (one of TARGET_TYPES; "q4_k_m" the Q4_K/Q6_K mix of _mix_type), the embedding
+    and output head included (each matrix's type, fallbacks included: matrix_type); vectors
+    (norms) stay F32. Metadata is copied with its value types; general.file_type is set.
+    Returns a summary: the tensor count per written type and the output's size.
     """
     key = type_name.lower()
     if key not in TARGET_TYPES:
         raise ValueError(f"type must be one of {', '.join(TARGET_TYPES)}, got {type_name!r}")
-    target = TARGET_TYPES[key]
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
         raise ValueError("the output must not be the input file")
@@ -92,14 +101,7 @@ def quantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], typ
         tied = "output.weight" not in r.tensors
         for name, t in r.tensors.items():
             values = r.dequantize(name)
-            out = mix_type(name, n_layer, tied) if key == "q4_k_m" else target
-            if _keeps_f32(name, t.shape):
-                out = GGMLType.F32
-            else:
-                if t.shape[0] % BLOCK_SIZES[out][0]:
-                    out = K_FALLBACK.get(out, out)
-                if t.shape[0] % BLOCK_SIZES[out][0]:
-                    out = GGMLType.F16
+            out = GGMLType.F32 if _keeps_f32(name, t.shape) else matrix_type(key, name, n_layer, tied, t.shape[0])
             w.add_tensor(name, values, out)
             counts[out.name] = counts.get(out.name, 0) + 1
             del values

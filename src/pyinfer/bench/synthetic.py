@@ -414,10 +414,9 @@ def _weight_type(ggml_type: GGMLType | str, n_layer: int, name: str, cols: int) 
     """The type of matrix `name` (of `cols` columns) in a file of `ggml_type`."""
     if not isinstance(ggml_type, str):
         return ggml_type
-    from pyinfer.quantize import K_FALLBACK, mix_type
+    from pyinfer.quantize import matrix_type
 
-    t = mix_type(name, n_layer, tied=False)
-    return K_FALLBACK[t] if cols % BLOCK_SIZES[t][0] else t
+    return matrix_type(ggml_type, name, n_layer, False, cols)
 
 
 def synthetic_model(preset: str, ggml_type: GGMLType | str = GGMLType.Q4_1, arch: str = "llama") -> Path:
