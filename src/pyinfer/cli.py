@@ -67,25 +67,24 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.max_body_bytes < 1:
         raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     kv = None if args.kv_budget_mib is None else int(args.kv_budget_mib * (1 << 20))
+    # What each engine loads and how it schedules, whether one process serves or Ray's replicas do.
+    engine = {"model": args.model, "n_ctx": args.ctx, "precision": args.precision, "max_batch": args.max_batch,
+              "token_budget": args.token_budget, "kv_budget_bytes": kv, "max_queue": args.max_queue,
+              "prefix_cache": not args.no_prefix_cache, "max_body_bytes": args.max_body_bytes}
     if args.ray:
-        return _serve_ray(args, api_key, kv)
-    serve(args.model, host=args.host, port=args.port, api_key=api_key, n_threads=args.threads, n_ctx=args.ctx,
-          precision=args.precision, max_batch=args.max_batch, token_budget=args.token_budget,
-          kv_budget_bytes=kv, max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-          log_level=args.log_level, prefix_cache=not args.no_prefix_cache)
+        return _serve_ray(args, api_key, engine)
+    serve(host=args.host, port=args.port, api_key=api_key, n_threads=args.threads, log_level=args.log_level,
+          **engine)
     return 0
 
 
-def _serve_ray(args: argparse.Namespace, api_key: str | None, kv: int | None) -> int:
+def _serve_ray(args: argparse.Namespace, api_key: str | None, engine: dict[str, Any]) -> int:
     try:
         from pyinfer.serve.ray import Autoscaling, ReplicaConfig, run
     except ImportError as e:
         print(f"pyinfer serve --ray: error: {e.name} is missing: pip install 'pyinfer[ray]'", file=sys.stderr)
         return 1
-    config = ReplicaConfig(model=args.model, n_threads=args.threads or 1, n_ctx=args.ctx, precision=args.precision,
-                           max_batch=args.max_batch, token_budget=args.token_budget, kv_budget_bytes=kv,
-                           max_queue=args.max_queue, prefix_cache=not args.no_prefix_cache,
-                           max_body_bytes=args.max_body_bytes)
+    config = ReplicaConfig(n_threads=args.threads or 1, **engine)
     autoscaling = None
     if args.max_replicas is not None:
         autoscaling = Autoscaling(min_replicas=args.min_replicas, max_replicas=args.max_replicas,

@@ -27,6 +27,7 @@ Two deployments behind Serve's HTTP proxy:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -73,7 +74,8 @@ _REPLICA_FAILURES = (RayActorError, ActorUnavailableError)
 
 @dataclass(frozen=True)
 class ReplicaConfig:
-    """What each replica loads and how its engine schedules (as `pyinfer serve`'s options)."""
+    """What each replica loads and how its engine schedules: `pyinfer.server.load_app`'s
+    options, by the same names."""
 
     model: str | None = None  # a GGUF path or a known model name (default: smollm2)
     n_threads: int = 1  # the replica reserves this many CPUs from Ray
@@ -185,10 +187,7 @@ class EngineReplica:
 
     def __init__(self, config: ReplicaConfig) -> None:
         # No key here: the front checks it before anything reaches a replica.
-        self.app = load_app(config.model, n_threads=config.n_threads, n_ctx=config.n_ctx, precision=config.precision,
-                            max_batch=config.max_batch, token_budget=config.token_budget,
-                            kv_budget_bytes=config.kv_budget_bytes, max_queue=config.max_queue,
-                            prefix_cache=config.prefix_cache, max_body_bytes=config.max_body_bytes)
+        self.app = load_app(**dataclasses.asdict(config))
         self.engine = self.app.state.engine
         self.replica = serve.get_replica_context().replica_id.unique_id
 
