@@ -272,6 +272,38 @@ def test_a_running_sequence_lends_its_prefix(model):
     assert outputs([b]) == outputs([model.generate(SYSTEM + "Is there wifi?", max_tokens=5, temperature=0.6, seed=3)])
 
 
+def test_requests_sharing_a_prefix_at_once_evaluate_it_once(model):
+    """Eight requests after the same system prompt, submitted together to an empty cache: the
+    first evaluates the prompt; the others wait for its blocks, copy them and evaluate only
+    their own question; every reply is the one evaluated alone."""
+    prompts = [SYSTEM + q for q in QUESTIONS[:8]]
+    kw = {"max_tokens": 4, "temperature": 0.6, "logprobs": 2}
+    want = [model.generate(p, seed=11 + i, **kw) for i, p in enumerate(prompts)]
+    with Engine(model, max_batch=8, token_budget=16) as e:
+        got = [h.result(60) for h in [e.submit(p, seed=11 + i, **kw) for i, p in enumerate(prompts)]]
+        st = e.stats()
+    assert outputs(got) == outputs(want)
+    n_sys = len(model.tokenize(SYSTEM)) // 16 * 16
+    assert got[0].timings.cached_tokens == 0
+    assert all(c.timings.cached_tokens >= n_sys - 16 > 0 for c in got[1:])
+    assert all(c.timings.prompt_tokens + c.timings.cached_tokens == c.prompt_tokens for c in got)
+    assert st.prefix_hits == 7 and st.cached_tokens_total == sum(c.timings.cached_tokens for c in got)
+
+
+def test_a_waiting_sequence_goes_on_when_its_lender_is_cancelled(model):
+    """The lender of a prefix is cancelled before it gets there: the borrower takes what it
+    holds (if anything) and evaluates the rest itself, with the same reply."""
+    p = SYSTEM + QUESTIONS[3]
+    want = model.generate(p, max_tokens=4, temperature=0)
+    with Engine(model, max_batch=4, token_budget=16) as e:
+        a = e.submit(SYSTEM + QUESTIONS[0], max_tokens=50, temperature=0)
+        b = e.submit(p, max_tokens=4, temperature=0)
+        a.cancel()
+        got = b.result(60)
+    assert outputs([got]) == outputs([want])
+    assert got.timings.prompt_tokens + got.timings.cached_tokens == got.prompt_tokens
+
+
 def test_first_sample_and_cache_timings(model):
     with Engine(model) as e:
         c = e.submit(PROMPTS[1], max_tokens=4, temperature=0).result(60)

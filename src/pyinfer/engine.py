@@ -250,9 +250,11 @@ class RequestHandle:
 
 
 class _Seq:
-    __slots__ = ("ctx", "handle", "next_token", "prefill", "prefill_at", "prefill_s", "req", "tokens")
+    __slots__ = ("ctx", "handle", "lend_n", "lender", "next_token", "prefill", "prefill_at", "prefill_s", "req",
+                 "tokens")
 
-    def __init__(self, handle: RequestHandle, ctx: Context, cached: int) -> None:
+    def __init__(self, handle: RequestHandle, ctx: Context, cached: int, lender: _Seq | None = None,
+                 lend_n: int = 0) -> None:
         self.handle = handle
         self.req = handle.request
         self.ctx = ctx
@@ -261,6 +263,10 @@ class _Seq:
         self.prefill_s = 0.0
         self.next_token: int | None = None  # sampled, to be evaluated by the next step
         self.tokens: list[int] = self.prefill[:cached]  # what ctx holds, position by position
+        # A sequence still prefilling the first lend_n tokens of this prompt: this one waits
+        # for them and copies them, rather than evaluating the same tokens beside it.
+        self.lender = lender
+        self.lend_n = lend_n
 
 
 class Engine:
@@ -517,6 +523,7 @@ class Engine:
     def _step(self) -> None:
         self._drop_cancelled()
         self._admit()
+        self._borrow()
         # One forward pass: the last sampled token of every decoding sequence, then prompt
         # chunks of the prefilling ones in admission order, up to token_budget tokens.
         rows: list[tuple[_Seq, list[int]]] = [(s, [s.next_token]) for s in self._running if s.next_token is not None]
@@ -525,7 +532,7 @@ class Engine:
         for s in self._running:
             if budget == 0:
                 break
-            if s.next_token is None:
+            if s.next_token is None and s.lender is None:
                 chunk = s.prefill[s.prefill_at : s.prefill_at + budget]
                 rows.append((s, chunk))
                 budget -= len(chunk)
@@ -589,6 +596,50 @@ class Engine:
                 best, best_n = ctx, n
         return best, best_n
 
+    def _prefix_lender(self, prompt: list[int], cached: int) -> tuple[_Seq | None, int]:
+        """The running sequence still prefilling the longest prefix of prompt past `cached`
+        tokens (in whole blocks, short of the last token), and that length; (None, 0) if
+        none would add a block."""
+        if not self.prefix_cache:
+            return None, 0
+        limit = (len(prompt) - 1) // self.prefix_block * self.prefix_block
+        best: _Seq | None = None
+        best_n = cached
+        for s in self._running:
+            if s.next_token is None and s.prefill_at < limit:
+                n = min(common_prefix(s.prefill, prompt), limit) // self.prefix_block * self.prefix_block
+                if n > best_n and n > s.prefill_at:
+                    best, best_n = s, n
+        return (best, best_n) if best is not None else (None, 0)
+
+    def _borrow(self) -> None:
+        """Sequences waiting for a lender's prefix: once it holds it (or is gone), copy the
+        longest cached prefix there is and go on prefilling from there."""
+        for s in self._running:
+            a = s.lender
+            if a is None:
+                continue
+            if a in self._running and a.next_token is None and a.prefill_at < s.lend_n:
+                continue  # the lender is still on its way there
+            s.lender = None
+            src, cached = self._prefix_source(s.prefill)
+            if src is None or cached <= s.prefill_at:
+                continue
+            try:
+                s.ctx.copy_prefix(src, cached)
+            except BaseException as e:
+                self._end(s, None, error=e)
+                return
+            tm = s.req.timings
+            with self._cond:
+                if tm.cached_tokens == 0:
+                    self._prefix_hits += 1
+                self._cached_total += cached - tm.cached_tokens
+            tm.cached_tokens = cached
+            tm.prompt_tokens = len(s.prefill) - cached
+            s.prefill_at = cached
+            s.tokens = s.prefill[:cached]
+
     def _admit(self) -> None:
         while True:
             with self._cond:
@@ -597,6 +648,7 @@ class Engine:
                 h = self._waiting[0]
             prompt = h.request.prefill_ids()
             src, cached = self._prefix_source(prompt)
+            lender, lend_n = self._prefix_lender(prompt, cached)
             need = self.context_bytes_for(h.n_ctx)
             with self._cond:
                 # An idle context of the right size: the source itself if it is one, else
@@ -644,7 +696,7 @@ class Engine:
                 if cached:
                     self._prefix_hits += 1
                     self._cached_total += cached
-                self._running.append(_Seq(h, ctx, cached))
+                self._running.append(_Seq(h, ctx, cached, lender, lend_n))
 
     def _sample(self, s: _Seq, logits: np.ndarray, eval_s: float) -> None:
         try:
