@@ -304,6 +304,34 @@ def test_a_waiting_sequence_goes_on_when_its_lender_is_cancelled(model):
     assert got.timings.prompt_tokens + got.timings.cached_tokens == got.prompt_tokens
 
 
+def test_a_short_prompt_is_not_held_behind_a_long_ones_chunks(model):
+    """Chunks go to the prompts with the fewest tokens left: a question submitted after a long
+    document (16-token chunks) has its first token long before the document is in; a prompt
+    passed over max_defer steps goes first, so the document is not starved by a stream of
+    questions."""
+    document = " ".join([SYSTEM] * 4)
+    with Engine(model, max_batch=8, token_budget=16) as e:
+        a = e.submit(document, max_tokens=1, temperature=0)
+        b = e.submit(QUESTIONS[0], max_tokens=1, temperature=0)
+        ra, rb = a.result(60), b.result(60)
+    assert ra.prompt_tokens > 8 * 16 and rb.prompt_tokens <= 16
+    assert b.prefilled < a.prefilled
+    # A stream of 40 questions behind it, each about one chunk: by the fewest-left rule alone
+    # the document gets a chunk only when no question is left; passed over two steps at a
+    # time, it gets every third chunk and is in well before the stream ends.
+    stream = [f"{q} {q}" for q in QUESTIONS * 3][:40]
+    done_last = {}
+    for max_defer in (10**6, 2):
+        with Engine(model, max_batch=8, token_budget=16, max_defer=max_defer) as e:
+            a = e.submit(document, max_tokens=1, temperature=0)
+            questions = [e.submit(q, max_tokens=1, temperature=0) for q in stream]
+            a.result(60)
+            for h in questions:
+                h.result(60)
+        done_last[max_defer] = a.prefilled > max(h.prefilled for h in questions)
+    assert done_last == {10**6: True, 2: False}
+
+
 def test_first_sample_and_cache_timings(model):
     with Engine(model) as e:
         c = e.submit(PROMPTS[1], max_tokens=4, temperature=0).result(60)

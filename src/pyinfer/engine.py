@@ -16,10 +16,12 @@ One step of the scheduler:
    and fewer than max_batch sequences run (strict FIFO: a large request is not overtaken
    forever by small ones); each starts from the longest cached prefix of its prompt;
 3. one forward pass (`Batch.step`) evaluates the last sampled token of every decoding
-   sequence and, in the same pass, prompt chunks of the prefilling ones in admission order,
-   up to token_budget prompt tokens in all (chunked prefill: a long prompt holds nobody's
-   next token back, and costs the others one step's share of the pass); each sequence's
-   Request samples from its row (a prefilling one when its last chunk is in).
+   sequence and, in the same pass, prompt chunks of the prefilling ones, up to token_budget
+   prompt tokens in all (chunked prefill: a long prompt holds nobody's next token back, and
+   costs the others one step's share of the pass); each sequence's Request samples from its
+   row (a prefilling one when its last chunk is in). Prompts with the fewest tokens left go
+   first (a question after a cached system prompt does not wait behind a long document's
+   chunks), except that those passed over for `max_defer` steps go before them, oldest first.
 
 Batch invariance: with precision="fast" each row of a step is bit for bit its sequence's
 own evaluation, a prompt evaluated in chunks gives the same bits as evaluated whole, and a
@@ -43,7 +45,9 @@ blocks, short of the prompt's last token): the idle context itself when it has t
 size (a truncation), else a copy of that prefix into its own (`Context.copy_prefix`). Only
 the rest of the prompt is evaluated; Timings.cached_tokens says how much was found. A
 context used as a source moves to the recently used end of the pool, so a shared system
-prompt stays cached while requests keep coming.
+prompt stays cached while requests keep coming. A request whose prefix a running sequence is
+still evaluating waits for it (takes no chunk) and copies it once it is there, so requests
+arriving together after the same system prompt evaluate it once.
 """
 
 from __future__ import annotations
@@ -250,8 +254,8 @@ class RequestHandle:
 
 
 class _Seq:
-    __slots__ = ("ctx", "handle", "lend_n", "lender", "next_token", "prefill", "prefill_at", "prefill_s", "req",
-                 "tokens")
+    __slots__ = ("ctx", "handle", "lend_n", "lender", "next_token", "passed", "prefill", "prefill_at", "prefill_s",
+                 "req", "tokens")
 
     def __init__(self, handle: RequestHandle, ctx: Context, cached: int, lender: _Seq | None = None,
                  lend_n: int = 0) -> None:
@@ -267,6 +271,7 @@ class _Seq:
         # for them and copies them, rather than evaluating the same tokens beside it.
         self.lender = lender
         self.lend_n = lend_n
+        self.passed = 0  # steps in a row this prefilling sequence got no chunk
 
 
 class Engine:
@@ -277,7 +282,8 @@ class Engine:
     contexts, each counted whole (KV cache and forward-pass scratch, Model.context_nbytes),
     those reserved by running sequences and those kept idle for reuse (None: half the memory
     available now). max_queue: requests that may wait for admission before submit raises
-    OverloadedError. ctx_granularity: a reservation is rounded up to this many tokens, so
+    OverloadedError. max_defer: steps a prompt with more tokens left than others may be
+    passed over before it goes first. ctx_granularity: a reservation is rounded up to this many tokens, so
     that freed caches fit later requests. on_finish: called on the scheduler thread with
     each finished Request (for metrics; it must be quick and must not raise). recent: how
     many of the latest requests `recent()` keeps (a live view's rows).
@@ -294,6 +300,7 @@ class Engine:
         token_budget: int = 256,
         kv_budget_bytes: int | None = None,
         max_queue: int = 64,
+        max_defer: int = 4,
         ctx_granularity: int = 256,
         prefix_cache: bool = True,
         prefix_block: int = 16,
@@ -305,6 +312,7 @@ class Engine:
         self.max_batch = _positive("max_batch", max_batch)
         self.token_budget = _positive("token_budget", token_budget)
         self.max_queue = _positive("max_queue", max_queue)
+        self.max_defer = _positive("max_defer", max_defer)
         self.ctx_granularity = _positive("ctx_granularity", ctx_granularity)
         if kv_budget_bytes is None:
             kv_budget_bytes = available_memory_bytes() // 2
@@ -525,17 +533,22 @@ class Engine:
         self._admit()
         self._borrow()
         # One forward pass: the last sampled token of every decoding sequence, then prompt
-        # chunks of the prefilling ones in admission order, up to token_budget tokens.
+        # chunks of the prefilling ones, up to token_budget tokens: those passed over for
+        # max_defer steps first, oldest first; then the fewest tokens left first (admission
+        # order on ties; the sort is stable).
         rows: list[tuple[_Seq, list[int]]] = [(s, [s.next_token]) for s in self._running if s.next_token is not None]
         n_decode = len(rows)
         budget = self.token_budget
-        for s in self._running:
+        prefilling = [s for s in self._running if s.next_token is None and s.lender is None]
+        prefilling.sort(key=lambda s: (0, 0) if s.passed >= self.max_defer else (1, len(s.prefill) - s.prefill_at))
+        for s in prefilling:
             if budget == 0:
-                break
-            if s.next_token is None and s.lender is None:
-                chunk = s.prefill[s.prefill_at : s.prefill_at + budget]
-                rows.append((s, chunk))
-                budget -= len(chunk)
+                s.passed += 1
+                continue
+            chunk = s.prefill[s.prefill_at : s.prefill_at + budget]
+            rows.append((s, chunk))
+            budget -= len(chunk)
+            s.passed = 0
         if rows:
             self._run(rows, n_decode)
         with self._cond:
