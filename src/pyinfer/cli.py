@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any, TextIO
 
+from pyinfer.engine import TOKEN_BUDGET
 from pyinfer.errors import GGUFError
 from pyinfer.registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotFoundError, pull, resolve_model
 from pyinfer.sampling import DEFAULT_PARAMS
@@ -293,7 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--precision", choices=["fast", "exact"], default="fast",
                     help="fast keeps batched outputs bit-identical to single ones (default: %(default)s)")
     sv.add_argument("--max-batch", type=int, default=16, help="sequences running at once (default: %(default)s)")
-    sv.add_argument("--token-budget", type=int, default=256,
+    sv.add_argument("--token-budget", type=int, default=TOKEN_BUDGET,
                     help="prompt tokens per scheduler step, beside the decoding rows (default: %(default)s)")
     sv.add_argument("--no-prefix-cache", action="store_true",
                     help="evaluate every prompt whole (no reuse of a cached prefix's KV cache)")

@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pyinfer import live, openai_types
 from pyinfer.constraint import ConstraintError
-from pyinfer.engine import Engine, RequestHandle
+from pyinfer.engine import TOKEN_BUDGET, Engine, RequestHandle
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, OverloadedError
 from pyinfer.request import Completion, CompletionChunk, Request, stop_strings
 from pyinfer.sampling import SamplingParams
@@ -704,8 +704,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
 
 
 def load_app(model: str | None = None, *, n_threads: int | None = None, n_ctx: int = 4096, precision: str = "fast",
-             max_batch: int = 16, token_budget: int = 256, kv_budget_bytes: int | None = None, max_queue: int = 64,
-             prefix_cache: bool = True, api_key: str | None = None,
+             max_batch: int = 16, token_budget: int = TOKEN_BUDGET, kv_budget_bytes: int | None = None,
+             max_queue: int = 64, prefix_cache: bool = True, api_key: str | None = None,
              max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """Load a model (a path or a known name), start an Engine on it, and return the app over
     it (the engine as app.state.engine)."""
@@ -721,7 +721,7 @@ def load_app(model: str | None = None, *, n_threads: int | None = None, n_ctx: i
 
 def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           n_threads: int | None = None, n_ctx: int = 4096, precision: str = "fast", max_batch: int = 16,
-          token_budget: int = 256, kv_budget_bytes: int | None = None, max_queue: int = 64,
+          token_budget: int = TOKEN_BUDGET, kv_budget_bytes: int | None = None, max_queue: int = 64,
           max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info", prefix_cache: bool = True) -> None:
     """Load a model and serve it until interrupted (what `pyinfer serve` runs)."""
     import uvicorn

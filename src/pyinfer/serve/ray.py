@@ -53,6 +53,7 @@ from ray.serve.handle import DeploymentHandle
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 from starlette.types import Receive, Scope, Send
 
+from pyinfer.engine import TOKEN_BUDGET
 from pyinfer.server import (
     DEFAULT_MAX_BODY_BYTES,
     APIError,
@@ -82,7 +83,7 @@ class ReplicaConfig:
     n_ctx: int = 4096
     precision: str = "fast"
     max_batch: int = 16
-    token_budget: int = 256
+    token_budget: int = TOKEN_BUDGET
     kv_budget_bytes: int | None = None  # default: half the memory available to the replica
     max_queue: int = 64
     prefix_cache: bool = True
