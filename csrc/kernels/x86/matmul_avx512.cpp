@@ -427,13 +427,11 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
     const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
-    // With two or more activation rows the group's tiles take long enough for the stream to
-    // stall on DRAM: the first tile fetches the next group ahead. So do the K-quants' with one
-    // row (their unpacking takes several times the instructions per byte of the 32-element
-    // types'; GEMV measured 1.2-1.4x faster with the fetch, Q6_K most). One row of a
-    // 32-element type is bandwidth-bound, and there the hardware prefetcher alone does better.
-    const bool ahead = M >= 2 || type_traits(type).block_elems == QK_K;
-    const uint8_t* pf = n + kPackRows < n_rows && ahead ? group + group_bytes : nullptr;
+    // The first tile fetches the next group ahead: with two or more activation rows the
+    // group's tiles take long enough for the stream to stall on DRAM, and with one the hardware
+    // prefetcher alone leaves 10-20% of the read bandwidth unused (docs/tuning.md, "the next
+    // group fetched ahead").
+    const uint8_t* pf = n + kPackRows < n_rows ? group + group_bytes : nullptr;
     int64_t m = 0;
     for (; m + 4 <= M; m += 4, pf = nullptr) tile<4>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
     // The last one to three rows in one tile.
