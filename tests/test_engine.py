@@ -6,14 +6,33 @@ overload is refused."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
 
 from pyinfer import Engine, Model, OverloadedError
 from pyinfer.errors import ContextOverflowError
+
+
+@contextlib.contextmanager
+def scheduler_held(engine: Engine):
+    """While inside, the engine's scheduler thread waits between steps (on a job of its queue):
+    requests submitted meanwhile are all there for its next admission."""
+    gate = threading.Event()
+    fut: Future[None] = Future()
+    with engine._cond:
+        engine._jobs.append((gate.wait, fut))
+        engine._cond.notify_all()
+    try:
+        yield
+    finally:
+        gate.set()
+        fut.result(10)
+
 
 PROMPTS = [
     "The capital of France is",
@@ -280,7 +299,9 @@ def test_requests_sharing_a_prefix_at_once_evaluate_it_once(model):
     kw = {"max_tokens": 4, "temperature": 0.6, "logprobs": 2}
     want = [model.generate(p, seed=11 + i, **kw) for i, p in enumerate(prompts)]
     with Engine(model, max_batch=8, token_budget=16) as e:
-        got = [h.result(60) for h in [e.submit(p, seed=11 + i, **kw) for i, p in enumerate(prompts)]]
+        with scheduler_held(e):
+            handles = [e.submit(p, seed=11 + i, **kw) for i, p in enumerate(prompts)]
+        got = [h.result(60) for h in handles]
         st = e.stats()
     assert outputs(got) == outputs(want)
     n_sys = len(model.tokenize(SYSTEM)) // 16 * 16
@@ -292,16 +313,24 @@ def test_requests_sharing_a_prefix_at_once_evaluate_it_once(model):
 
 def test_a_waiting_sequence_goes_on_when_its_lender_is_cancelled(model):
     """The lender of a prefix is cancelled before it gets there: the borrower takes what it
-    holds (if anything) and evaluates the rest itself, with the same reply."""
-    p = SYSTEM + QUESTIONS[3]
+    holds and evaluates the rest itself, with the reply it gives alone."""
+    document = " ".join([SYSTEM] * 3)
+    p = document + QUESTIONS[3]
     want = model.generate(p, max_tokens=4, temperature=0)
-    with Engine(model, max_batch=4, token_budget=16) as e:
-        a = e.submit(SYSTEM + QUESTIONS[0], max_tokens=50, temperature=0)
-        b = e.submit(p, max_tokens=4, temperature=0)
+    with Engine(model, max_batch=4, token_budget=8) as e:
+        with scheduler_held(e):
+            a = e.submit(document + QUESTIONS[0], max_tokens=50, temperature=0)
+            b = e.submit(p, max_tokens=4, temperature=0)
+        deadline = time.monotonic() + 30
+        while b.admitted is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        borrower = next(s for s in list(e._running) if s.handle is b)
+        assert borrower.lender is not None and borrower.lender.handle is a and a.prefilled is None
         a.cancel()
         got = b.result(60)
     assert outputs([got]) == outputs([want])
-    assert got.timings.prompt_tokens + got.timings.cached_tokens == got.prompt_tokens
+    t = got.timings
+    assert t.prompt_tokens + t.cached_tokens == got.prompt_tokens and t.cached_tokens < borrower.lend_n
 
 
 def test_a_short_prompt_is_not_held_behind_a_long_ones_chunks(model):
@@ -311,8 +340,9 @@ def test_a_short_prompt_is_not_held_behind_a_long_ones_chunks(model):
     questions."""
     document = " ".join([SYSTEM] * 4)
     with Engine(model, max_batch=8, token_budget=16) as e:
-        a = e.submit(document, max_tokens=1, temperature=0)
-        b = e.submit(QUESTIONS[0], max_tokens=1, temperature=0)
+        with scheduler_held(e):
+            a = e.submit(document, max_tokens=1, temperature=0)
+            b = e.submit(QUESTIONS[0], max_tokens=1, temperature=0)
         ra, rb = a.result(60), b.result(60)
     assert ra.prompt_tokens > 8 * 16 and rb.prompt_tokens <= 16
     assert b.prefilled < a.prefilled
@@ -323,8 +353,9 @@ def test_a_short_prompt_is_not_held_behind_a_long_ones_chunks(model):
     done_last = {}
     for max_defer in (10**6, 2):
         with Engine(model, max_batch=8, token_budget=16, max_defer=max_defer) as e:
-            a = e.submit(document, max_tokens=1, temperature=0)
-            questions = [e.submit(q, max_tokens=1, temperature=0) for q in stream]
+            with scheduler_held(e):
+                a = e.submit(document, max_tokens=1, temperature=0)
+                questions = [e.submit(q, max_tokens=1, temperature=0) for q in stream]
             a.result(60)
             for h in questions:
                 h.result(60)

@@ -537,8 +537,10 @@ class Engine:
 
     def _step(self) -> None:
         self._drop_cancelled()
-        self._admit()
+        # Waiting sequences copy their lenders' prefixes before admission may reuse a lender's
+        # idle context for someone else.
         self._borrow()
+        self._admit()
         # One forward pass: the last sampled token of every decoding sequence, then prompt
         # chunks of the prefilling ones, up to token_budget tokens: those passed over for
         # max_defer steps first, oldest first; then the fewest tokens left first (admission
@@ -549,13 +551,13 @@ class Engine:
         prefilling = [s for s in self._running if s.next_token is None and s.lender is None]
         prefilling.sort(key=lambda s: (0, 0) if s.passed >= self.max_defer else (1, len(s.prefill) - s.prefill_at))
         for s in prefilling:
-            if budget == 0:
-                s.passed += 1
-                continue
+            left = len(s.prefill) - s.prefill_at
             chunk = s.prefill[s.prefill_at : s.prefill_at + budget]
-            rows.append((s, chunk))
-            budget -= len(chunk)
-            s.passed = 0
+            # Passed over: less than a whole chunk (what is left, up to the budget).
+            s.passed = 0 if len(chunk) == min(left, self.token_budget) else s.passed + 1
+            if chunk:
+                rows.append((s, chunk))
+                budget -= len(chunk)
         if rows:
             self._run(rows, n_decode)
         with self._cond:
@@ -650,6 +652,8 @@ class Engine:
             except BaseException as e:
                 self._end(s, None, error=e)
                 return
+            if src in self._idle:
+                self._idle.move_to_end(src)  # a prefix in use stays cached longest
             tm = s.req.timings
             with self._cond:
                 if tm.cached_tokens == 0:
