@@ -707,6 +707,13 @@ PYBIND11_MODULE(_C, m) {
       py::arg("gate"), py::arg("up"), py::arg("out") = py::none(),
       "out = silu(gate) * up, elementwise over float32 arrays of one shape.");
   m.def(
+      "geglu",
+      [](py::array gate, py::array up, std::optional<py::array> out) {
+        return binary_py(gate, up, out, "gate", "up", geglu_vec);
+      },
+      py::arg("gate"), py::arg("up"), py::arg("out") = py::none(),
+      "out = gelu_tanh(gate) * up (GELU's tanh approximation), elementwise over float32 arrays of one shape.");
+  m.def(
       "add",
       [](py::array a, py::array b, std::optional<py::array> out) { return binary_py(a, b, out, "a", "b", add_vec); },
       py::arg("a"), py::arg("b"), py::arg("out") = py::none(),

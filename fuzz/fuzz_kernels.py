@@ -1,6 +1,6 @@
 """Fuzz harness: the native entry points (`pyinfer._C`) with shapes, sizes, type ids, dtypes,
 strides and values drawn from the input: matmul (exact, fast, packed), dequantize, repack /
-unpack, embedding, the row ops (rms_norm, rope, swiglu, add, softmax), quantize_activations,
+unpack, embedding, the row ops (rms_norm, rope, swiglu, geglu, add, softmax), quantize_activations,
 and KV-cache append + attention. Each call either returns an array of the shape its
 arguments promise or raises ValueError / TypeError / OverflowError with a message; it never
 crashes, hangs or writes outside its output (the sanitizer build runs the same harness). Where
@@ -146,7 +146,7 @@ def check_row_ops(fdp: atheris.FuzzedDataProvider) -> None:
                             neox=fdp.ConsumeBool()), x.shape)
         elif op == 2:
             other = _floats(fdp, fdp.PickValueInList([x.shape, (rows, n + 1)]))
-            _expect(_C.swiglu(x, other), x.shape)
+            _expect((_C.swiglu if fdp.ConsumeBool() else _C.geglu)(x, other), x.shape)
         elif op == 3:
             other = _floats(fdp, fdp.PickValueInList([x.shape, (rows + 1, n)]))
             _expect(_C.add(x, other), x.shape)

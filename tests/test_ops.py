@@ -181,6 +181,39 @@ def test_swiglu_in_place(isa: str) -> None:
 
 
 @pytest.mark.parametrize("n", SIZES)
+def test_geglu(isa: str, n: int) -> None:
+    """GeGLU on this path against the scalar spec (the same float32 u, exp a polynomial here:
+    swiglu's bound) and against float64's tanh form of GELU (u's own float32 rounding enters
+    through exp, most where the gate is large and negative and the result tiny)."""
+    rng = rng_for(16, n)
+    gate = (rng.standard_normal(n) * 4).astype(np.float32)
+    up = rng.standard_normal(n).astype(np.float32)
+    y = _C.geglu(gate, up)
+    was = _C.get_isa()
+    _C.set_isa("scalar")
+    try:
+        spec = _C.geglu(gate, up)
+    finally:
+        _C.set_isa(was)
+    assert np.all(np.abs(y - spec) <= 8 * EPS * np.abs(spec))
+    ref = R.geglu(gate, up)
+    g = gate.astype(np.float64)
+    z = 2 * np.sqrt(2 / np.pi) * (g + 0.044715 * g**3)  # exp's argument: its rounding, times |z|
+    assert np.all(np.abs(y - ref) <= (16 + 4 * np.abs(z)) * EPS * np.abs(ref) + 1e-30)
+
+
+def test_geglu_extremes(isa: str) -> None:
+    gate = np.array([-1e20, -1000, -20, -10, 0, 10, 20, 1000, 1e20, -0.0, np.nan], np.float32)
+    up = np.full_like(gate, 2.0)
+    y = _C.geglu(gate, up)
+    assert np.all(np.isfinite(y[:-1])) and np.isnan(y[-1])
+    big = (gate >= 10) & np.isfinite(gate)
+    np.testing.assert_allclose(y[big], 2 * gate[big], rtol=2 * EPS)
+    assert np.all(np.abs(y[(gate <= -10)]) <= 1e-30)  # gelu(-10) is about -1e-37
+    assert y[4] == 0 and y[9] == 0
+
+
+@pytest.mark.parametrize("n", SIZES)
 def test_add_exact(isa: str, n: int) -> None:
     rng = rng_for(8, n)
     a = rng.standard_normal((2, n)).astype(np.float32)

@@ -25,8 +25,11 @@ using RmsNormFn = void (*)(const float* x, const float* w, float* out, int64_t n
 // (i, i + head_dim/2).
 using RopeFn = void (*)(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, int64_t head_dim,
                         const float* cos_sin, bool neox);
-// out[n] = silu(gate) * up; out may alias either input.
+// out[n] = silu(gate) * up (SwiGLU), or gelu_tanh(gate) * up (GeGLU); out may alias either input.
 using SwigluFn = void (*)(const float* gate, const float* up, float* out, int64_t n);
+using GegluFn = SwigluFn;
+constexpr float kGeluK0 = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluK1 = 0.044715f;
 // out[n] = a + b; out may alias either input.
 using AddFn = void (*)(const float* a, const float* b, float* out, int64_t n);
 // out[n] = softmax(x[n]); out may be x.
@@ -90,6 +93,7 @@ struct KernelSet {
   RmsNormFn rms_norm_f32;
   RopeFn rope_f32;
   SwigluFn swiglu_f32;
+  GegluFn geglu_f32;
   AddFn add_f32;
   SoftmaxFn softmax_f32;
   F32ToF16Fn f32_to_f16;

@@ -30,14 +30,7 @@ void rope_rows(float* x, int64_t n_rows, int64_t row_stride, int64_t n_heads, in
 
 void swiglu_vec(const float* gate, const float* up, float* out, int64_t n) { kernels().swiglu_f32(gate, up, out, n); }
 
-void geglu_vec(const float* gate, const float* up, float* out, int64_t n) {
-  const float k0 = 0.7978845608028654f;  // sqrt(2 / pi)
-  const float k1 = 0.044715f;
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    out[i] = 0.5f * g * (1.0f + std::tanh(k0 * (g + k1 * g * g * g))) * up[i];
-  }
-}
+void geglu_vec(const float* gate, const float* up, float* out, int64_t n) { kernels().geglu_f32(gate, up, out, n); }
 
 void softcap_vec(float* x, int64_t n, float cap) {
   const float inv = 1.0f / cap;

@@ -116,6 +116,14 @@ def swiglu(
 ) -> npt.NDArray[np.float32]:
     """out = silu(gate) * up, elementwise over arrays of one shape; out may alias an input."""
 
+def geglu(
+    gate: npt.NDArray[np.float32],
+    up: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """out = gelu_tanh(gate) * up (GELU's tanh approximation), elementwise over arrays of one
+    shape; out may alias an input."""
+
 def add(
     a: npt.NDArray[np.float32],
     b: npt.NDArray[np.float32],

@@ -84,9 +84,13 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GELU by its tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    """GELU by its tanh approximation: 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3),
+    evaluated as x / (1 + exp(-2u)), the same function without the cancellation of 1 + tanh(u)
+    where u is large and negative (there exp(-2u) overflows to inf and the value to -0)."""
     x = np.asarray(x, dtype=np.float64)
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    u = np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-2.0 * u))
 
 
 def geglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:

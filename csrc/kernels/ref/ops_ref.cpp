@@ -47,6 +47,18 @@ void swiglu_f32_ref(const float* gate, const float* up, float* out, int64_t n) {
   }
 }
 
+// GELU by its tanh approximation, 0.5 g (1 + tanh(u)) with u = sqrt(2/pi) (g + 0.044715 g^3),
+// written as g / (1 + exp(-2u)) (the same function: 1 + tanh(u) = 2 / (1 + exp(-2u))), so
+// the SIMD paths need only their exp. u is computed by the same float32 operations on every
+// path; only exp differs (a polynomial there).
+void geglu_f32_ref(const float* gate, const float* up, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float u = kGeluK0 * (g + kGeluK1 * (g * g * g));
+    out[i] = g / (1.0f + std::exp(-2.0f * u)) * up[i];
+  }
+}
+
 void add_f32_ref(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
@@ -114,6 +126,7 @@ void fill_ops_scalar(KernelSet& t) {
   t.rms_norm_f32 = rms_norm_f32_ref;
   t.rope_f32 = rope_f32_ref;
   t.swiglu_f32 = swiglu_f32_ref;
+  t.geglu_f32 = geglu_f32_ref;
   t.add_f32 = add_f32_ref;
   t.softmax_f32 = softmax_f32_ref;
   t.f32_to_f16 = f32_to_f16_ref;

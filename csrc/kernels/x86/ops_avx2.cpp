@@ -138,6 +138,18 @@ void swiglu_f32_avx2(const float* gate, const float* up, float* out, int64_t n) 
   }
 }
 
+// As geglu_f32_ref: u by the same float32 operations (no fused multiply-adds), then exp256.
+void geglu_f32_avx2(const float* gate, const float* up, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), k0 = _mm256_set1_ps(kGeluK0), k1 = _mm256_set1_ps(kGeluK1);
+  for (int64_t i = 0; i < n; i += 8) {
+    const __m256i k = lanes(n - i);
+    const __m256 g = load(gate + i, k);
+    const __m256 u = _mm256_mul_ps(k0, _mm256_add_ps(g, _mm256_mul_ps(k1, _mm256_mul_ps(_mm256_mul_ps(g, g), g))));
+    const __m256 e = exp256(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u));
+    store(out + i, k, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), load(up + i, k)));
+  }
+}
+
 void add_f32_avx2(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = 0; i < n; i += 8) {
     const __m256i k = lanes(n - i);
@@ -310,6 +322,7 @@ void fill_ops_avx2(KernelSet& t) {
   t.rms_norm_f32 = rms_norm_f32_avx2;
   t.rope_f32 = rope_f32_avx2;
   t.swiglu_f32 = swiglu_f32_avx2;
+  t.geglu_f32 = geglu_f32_avx2;
   t.add_f32 = add_f32_avx2;
   t.softmax_f32 = softmax_f32_avx2;
   t.f32_to_f16 = f32_to_f16_avx2;

@@ -119,6 +119,18 @@ void swiglu_f32_avx512(const float* gate, const float* up, float* out, int64_t n
   }
 }
 
+// As geglu_f32_ref: u by the same float32 operations (no fused multiply-adds), then exp512.
+void geglu_f32_avx512(const float* gate, const float* up, float* out, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f), k0 = _mm512_set1_ps(kGeluK0), k1 = _mm512_set1_ps(kGeluK1);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 k = lanes(n - i);
+    const __m512 g = _mm512_maskz_loadu_ps(k, gate + i);
+    const __m512 u = _mm512_mul_ps(k0, _mm512_add_ps(g, _mm512_mul_ps(k1, _mm512_mul_ps(_mm512_mul_ps(g, g), g))));
+    const __m512 e = exp512(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u));
+    _mm512_mask_storeu_ps(out + i, k, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(k, up + i)));
+  }
+}
+
 void add_f32_avx512(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 k = lanes(n - i);
@@ -292,6 +304,7 @@ void fill_ops_avx512(KernelSet& t) {
   t.rms_norm_f32 = rms_norm_f32_avx512;
   t.rope_f32 = rope_f32_avx512;
   t.swiglu_f32 = swiglu_f32_avx512;
+  t.geglu_f32 = geglu_f32_avx512;
   t.add_f32 = add_f32_avx512;
   t.softmax_f32 = softmax_f32_avx512;
   t.f32_to_f16 = f32_to_f16_avx512;
