@@ -429,7 +429,7 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
     const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
     // The first tile fetches the next group ahead: with two or more activation rows the
     // group's tiles take long enough for the stream to stall on DRAM, and with one the hardware
-    // prefetcher alone leaves 10-20% of the read bandwidth unused (docs/tuning.md, "the next
+    // prefetcher alone leaves part of the read bandwidth unused (docs/tuning.md, "the next
     // group fetched ahead").
     const uint8_t* pf = n + kPackRows < n_rows ? group + group_bytes : nullptr;
     int64_t m = 0;

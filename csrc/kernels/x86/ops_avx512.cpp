@@ -127,7 +127,8 @@ void geglu_f32_avx512(const float* gate, const float* up, float* out, int64_t n)
     const __m512 g = _mm512_maskz_loadu_ps(k, gate + i);
     const __m512 u = _mm512_mul_ps(k0, _mm512_add_ps(g, _mm512_mul_ps(k1, _mm512_mul_ps(_mm512_mul_ps(g, g), g))));
     const __m512 e = exp512(_mm512_mul_ps(_mm512_set1_ps(-2.0f), u));
-    _mm512_mask_storeu_ps(out + i, k, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(k, up + i)));
+    _mm512_mask_storeu_ps(out + i, k,
+                          _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(k, up + i)));
   }
 }
 
