@@ -278,7 +278,7 @@ class _Seq:
         # for them and copies them, rather than evaluating the same tokens beside it.
         self.lender = lender
         self.lend_n = lend_n
-        self.passed = 0  # steps in a row this prefilling sequence got no chunk
+        self.passed = 0  # steps in a row this prefilling sequence got less than a whole chunk
 
 
 class Engine:
@@ -600,6 +600,13 @@ class Engine:
         for s in [s for s in self._running if s.req.cancelled]:
             self._end(s, s.req.abort(eval_s=s.prefill_s if s.next_token is None else 0.0).chunk)
 
+    def _block_prefix(self, tokens: list[int], prompt: list[int]) -> int:
+        """Tokens of prompt that tokens can serve from a cache: their common prefix in whole
+        prefix_block blocks, short of the prompt's last token (whose logits the first step
+        needs)."""
+        limit = (len(prompt) - 1) // self.prefix_block * self.prefix_block
+        return min(common_prefix(tokens, prompt), limit) // self.prefix_block * self.prefix_block
+
     def _prefix_source(self, prompt: list[int]) -> tuple[Context | None, int]:
         """The context (running or idle) holding the longest prefix of prompt, in whole
         prefix_block blocks and short of the prompt's last token (whose logits the first
@@ -608,12 +615,11 @@ class Engine:
             return None, 0
         best: Context | None = None
         best_n = 0
-        limit = (len(prompt) - 1) // self.prefix_block * self.prefix_block
-        if limit == 0:
+        if len(prompt) <= self.prefix_block:
             return None, 0
         candidates = [(s.ctx, s.tokens) for s in self._running] + list(self._idle.items())
         for ctx, toks in candidates:
-            n = min(common_prefix(toks, prompt), limit) // self.prefix_block * self.prefix_block
+            n = self._block_prefix(toks, prompt)
             if n > best_n:
                 best, best_n = ctx, n
         return best, best_n
@@ -624,12 +630,11 @@ class Engine:
         none would add a block."""
         if not self.prefix_cache:
             return None, 0
-        limit = (len(prompt) - 1) // self.prefix_block * self.prefix_block
         best: _Seq | None = None
         best_n = cached
         for s in self._running:
-            if s.next_token is None and s.prefill_at < limit:
-                n = min(common_prefix(s.prefill, prompt), limit) // self.prefix_block * self.prefix_block
+            if s.next_token is None:
+                n = self._block_prefix(s.prefill, prompt)
                 if n > best_n and n > s.prefill_at:
                     best, best_n = s, n
         return (best, best_n) if best is not None else (None, 0)
@@ -654,15 +659,20 @@ class Engine:
                 return
             if src in self._idle:
                 self._idle.move_to_end(src)  # a prefix in use stays cached longest
-            tm = s.req.timings
-            with self._cond:
-                if tm.cached_tokens == 0:
-                    self._prefix_hits += 1
-                self._cached_total += cached - tm.cached_tokens
-            tm.cached_tokens = cached
-            tm.prompt_tokens = len(s.prefill) - cached
+            self._record_cached(s.req, len(s.prefill), cached)
             s.prefill_at = cached
             s.tokens = s.prefill[:cached]
+
+    def _record_cached(self, req: Request, n_prompt: int, cached: int) -> None:
+        """req now starts from `cached` tokens of a cached prefix (more than it had): its
+        timings and the prefix-cache counters say so."""
+        tm = req.timings
+        with self._cond:
+            if cached and tm.cached_tokens == 0:
+                self._prefix_hits += 1
+            self._cached_total += cached - tm.cached_tokens
+        tm.cached_tokens = cached
+        tm.prompt_tokens = n_prompt - cached
 
     def _admit(self) -> None:
         while True:
@@ -711,15 +721,12 @@ class Engine:
             if src is not None and src in self._idle:
                 self._idle.move_to_end(src)  # a prefix in use stays cached longest
             tm = h.request.timings
-            tm.cached_tokens = cached
-            tm.prompt_tokens = len(prompt) - cached
+            tm.cached_tokens = 0
+            self._record_cached(h.request, len(prompt), cached)
             # The wait for admission is queueing too.
             h.admitted = perf_counter()
             tm.queue_s += h.admitted - h.submitted
             with self._cond:
-                if cached:
-                    self._prefix_hits += 1
-                    self._cached_total += cached
                 self._running.append(_Seq(h, ctx, cached, lender, lend_n))
 
     def _sample(self, s: _Seq, logits: np.ndarray, eval_s: float) -> None:
