@@ -47,7 +47,7 @@ def k_mid(w_type: int) -> int:
 
 CASES = [(tname, k) for tname, t in TYPES.items() for k in ks_of(t)]
 NS = [1, 7, 64, 193]
-MS = [1, 2, 5, 17, 64]
+MS = [1, 2, 5, 15, 17, 64]  # 15 and 17: the eight-row tiles with every tail
 
 
 @functools.cache

@@ -217,7 +217,7 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
                                 int n_valid, const uint8_t* pf) {
   const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
   const int qo = packed_quants_offset(type);
-  __m512 acc[4], acc_min[4];
+  __m512 acc[MT], acc_min[MT];
   for (int c = 0; c < MT; ++c) acc[c] = acc_min[c] = _mm512_setzero_ps();
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   for (int64_t ib = 0; ib < nb; ++ib) {
@@ -250,28 +250,28 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
     // starts at -offset * sum(a), which takes that off exactly, in every lane.
     constexpr int NA = MT >= 4 ? 1 : MT >= 2 ? 2 : 4;
     const int off = packed_quant_bias(type);
-    __m512i isum[4][NA];
-#pragma GCC unroll 4
+    __m512i isum[MT][NA];
+#pragma GCC unroll 8
     for (int c = 0; c < MT; ++c) {
       isum[c][0] = _mm512_set1_epi32(-off * x[c * nb + ib].sum);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int a = 1; a < NA; ++a) isum[c][a] = _mm512_setzero_si512();
     }
 #pragma GCC unroll 8
     for (int g = 0; g < 8; ++g)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int c = 0; c < MT; ++c)
         isum[c][g % NA] = _mm512_dpbusd_epi32(isum[c][g % NA], wq[g], act4(x + c * nb + ib, g));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < MT; ++c)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int a = 1; a < NA; ++a) isum[c][0] = _mm512_add_epi32(isum[c][0], isum[c][a]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < MT; ++c) {
       const block_q8a* xb = x + c * nb + ib;
       if (xb->h4 != 0) isum[c][0] = _mm512_add_epi32(isum[c][0], split_dot(type, gb, xb));
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int c = 0; c < MT; ++c) {
       const block_q8a* xb = x + c * nb + ib;
       const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
@@ -418,10 +418,17 @@ PYINFER_INLINE void tile(int type, const uint8_t* group, const block_q8a* x, int
     packed_tile<MT>(type, group, x, nb, y, ldy, n_valid, pf);
 }
 
+constexpr int64_t kWideTileMaxK = 1024;
+
 PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
                                 int64_t n_rows, float* y, int64_t ldy) {
   const int64_t nb = K / QK8_A;
   const int64_t group_bytes = kPackRows * rb;
+  // Tiles of eight activation rows where a row is short (the 32-element types, K up to
+  // kWideTileMaxK): each group's unpacked quant columns then feed twice the dot steps. On
+  // longer rows the eight rows' blocks and the group crowd the L1 cache, and four per tile
+  // ran faster (docs/tuning.md, "eight activation rows per tile").
+  const bool wide = type_traits(type).block_elems != QK_K && K <= kWideTileMaxK;
   if (M >= 2)  // the first group: all of its lines requested at once, not found one by one
     for (int64_t o = 0; o < group_bytes; o += 64) _mm_prefetch(static_cast<const char*>(w) + o, _MM_HINT_T0);
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
@@ -433,6 +440,9 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
     // group fetched ahead").
     const uint8_t* pf = n + kPackRows < n_rows ? group + group_bytes : nullptr;
     int64_t m = 0;
+    if (wide)
+      for (; m + 8 <= M; m += 8, pf = nullptr)
+        packed_tile<8>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
     for (; m + 4 <= M; m += 4, pf = nullptr) tile<4>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
     // The last one to three rows in one tile.
     const block_q8a* xr = xq + m * nb;
