@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -382,6 +383,49 @@ def test_serve_summary_of_known_times() -> None:
     lines = [b": ping\r\n", b"\r\n", b'data: {"x": 1}\r\n', b"event: message\n", b'data:{"y":2}\n', b"data: [DONE]\n",
              b'data: {"z": 3}\n']
     assert list(sse_events(iter(lines))) == [{"x": 1}, {"y": 2}]
+
+
+def test_serve_median_round() -> None:
+    from pyinfer.bench.serve import _median_round
+
+    runs = [{"round": i, "output_throughput": v, "median_ttft_ms": 10.0 * i} for i, v in enumerate([30.0, 10.0, 20.0])]
+    row = _median_round(runs)
+    assert row["round"] == 2 and row["rounds"] == 3
+    assert row["output_throughput_rounds"] == [30.0, 10.0, 20.0] and row["median_ttft_ms_rounds"] == [0.0, 10.0, 20.0]
+    assert _median_round(runs[:2])["round"] == 1  # of two, the lower
+
+
+def test_serve_waits_for_a_busy_server_to_go_idle(tmp_path: Path) -> None:
+    """A server process still computing after its clients are gone (spinning for a while,
+    then asleep): the next turn waits until it has settled, and not for an idle one."""
+    from pyinfer.bench.serve import Server, ServerSpec
+
+    script = (
+        "import http.server, sys, threading, time\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers(); self.wfile.write(b'{}')\n"
+        "    def log_message(self, *a): pass\n"
+        "def spin():\n"
+        "    time.sleep(float(sys.argv[2]))\n"
+        "    t = time.time()\n"
+        "    while time.time() - t < float(sys.argv[3]): pass\n"
+        "threading.Thread(target=spin, daemon=True).start()\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n")
+    spin = Server(ServerSpec("spinning", [sys.executable, "-c", script, "{port}", "0", "3"], 1), tmp_path)
+    try:
+        assert (spin.cpu_seconds() or 0) >= 0
+        waited = spin.wait_idle(30.0)
+        assert waited is not None and 1.5 <= waited < 10
+        assert spin.wait_idle(30.0, window_s=0.5) < 1.5  # settled now: one window
+    finally:
+        spin.stop()
+    bounded = Server(ServerSpec("busy", [sys.executable, "-c", script, "{port}", "0", "60"], 1), tmp_path)
+    try:
+        t = time.perf_counter()
+        assert bounded.wait_idle(2.0) >= 2.0 and time.perf_counter() - t < 5  # never settles: the bound
+    finally:
+        bounded.stop()
 
 
 def test_serve_level_is_cut_off_at_its_time_limit() -> None:

@@ -147,12 +147,18 @@ class Plan:
     n_ctx: int = 2048  # tokens per sequence, every engine
     # Also run `pyinfer serve --no-prefix-cache`: what the prefix cache does to TTFT.
     prefix_cache_baseline: bool = False
+    # Rounds of each level, the engines taking turns in each; a row is the round with the
+    # median output tokens/s (the machine's other load varies from one minute to the next).
+    rounds: int = 1
+    # After a level, a server must use under 5% of a core for a second (it may still be
+    # computing requests cut off) before the next engine's turn; at most this long.
+    idle_timeout_s: float = 300.0
 
     def n_requests(self, concurrency: int) -> int:
         return max(self.min_requests, 2 * concurrency)
 
 
-FULL_PLAN = Plan(levels=(1, 4, 16, 32), max_tokens=64, prefix_cache_baseline=True)
+FULL_PLAN = Plan(levels=(1, 4, 16, 32), max_tokens=64, prefix_cache_baseline=True, rounds=3)
 QUICK_PLAN = Plan(levels=(1, 4), max_tokens=16, min_requests=4, level_timeout_s=60.0, drain_timeout_s=30.0,
                   request_timeout_s=60.0)
 
@@ -277,6 +283,30 @@ class Server:
             time.sleep(0.2)
         raise RuntimeError(f"{self.name} not ready on port {self.port} after {timeout_s:.0f} s: "
                            f"{_tail(self.log_path)}")
+
+    def cpu_seconds(self) -> float | None:
+        """CPU time the server process (all its threads) has used, from /proc; None elsewhere."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def wait_idle(self, timeout_s: float, window_s: float = 1.0, busy_cores: float = 0.05) -> float | None:
+        """Seconds until the server used under busy_cores of a core over window_s (a server
+        that does not cancel requests its clients gave up on keeps computing them); None if its
+        CPU time cannot be read, timeout_s if it never settled."""
+        t0 = time.perf_counter()
+        last = self.cpu_seconds()
+        if last is None:
+            return None
+        while time.perf_counter() - t0 < timeout_s and self.proc.poll() is None:
+            time.sleep(window_s)
+            now = self.cpu_seconds()
+            if now is None or now - last < busy_cores * window_s:
+                break
+            last = now
+        return time.perf_counter() - t0
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -591,6 +621,17 @@ def _drain(srv: Server, plan: Plan, banned: Sequence[int], quick: bool, index: i
     return time.perf_counter() - t
 
 
+def _median_round(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median output tokens/s (the lower middle one of an even count),
+    with every round's figure beside it."""
+    ranked = sorted(runs, key=lambda r: r["output_throughput"])
+    row = dict(ranked[(len(ranked) - 1) // 2])
+    row["rounds"] = len(runs)
+    row["output_throughput_rounds"] = [r["output_throughput"] for r in runs]
+    row["median_ttft_ms_rounds"] = [r["median_ttft_ms"] for r in runs]
+    return row
+
+
 def _load_average() -> float | None:
     """The 1-minute load average: on a shared machine, how busy the cores were around a level."""
     try:
@@ -633,7 +674,7 @@ def study_serve(s: Settings) -> Report:
             raise RuntimeError("the serve study's --ray needs ray[serve]: pip install 'pyinfer[ray]'")
         specs += [ray_spec(s.model, nt, r, plan) for r in sorted({1, nt})]
     n_total = sum(plan.n_requests(c) for c in plan.levels)
-    prog = Progress("serve", len(specs) * (1 + len(plan.levels)))
+    prog = Progress("serve", len(specs) * (1 + plan.rounds * len(plan.levels)))
     rows: list[dict[str, Any]] = []
     servers: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pyinfer-serve-") as tmp, contextlib.ExitStack() as stack:
@@ -663,22 +704,27 @@ def study_serve(s: Settings) -> Report:
             prog.step(f"start {spec.name}")
         for c in plan.levels:
             n = plan.n_requests(c)
-            for srv in live:
-                load = _load_average()
-                res, wall, not_sent = run_level(srv.port, c, n, plan, banned, quick=s.quick)
-                drain_s = _drain(srv, plan, banned, s.quick, n_total)
-                for one_res in res:
-                    if one_res.prompt_tokens is None:
-                        one_res.prompt_tokens, one_res.prompt_tokens_from = counts(one_res.index), "template"
-                row = {"engine": srv.name, "concurrency": c, "requests": n, "not_sent": not_sent,
-                       "load_average_before": load, "load_average_after": _load_average(), "drain_s": drain_s,
-                       **summarize(res, wall, plan), "errors": sorted({r.error for r in res if r.error})[:5],
-                       "samples": [_record(r) for r in res]}
-                rows.append(row)
-                prog.step(f"{srv.name} at {c}")
-                if srv.proc.poll() is not None:
-                    raise RuntimeError(f"{srv.name} exited ({srv.proc.returncode}) at concurrency {c}: "
-                                       f"{_tail(srv.log_path)}")
+            done: dict[str, list[dict[str, Any]]] = {srv.name: [] for srv in live}
+            for rnd in range(plan.rounds):
+                for srv in live:
+                    load = _load_average()
+                    res, wall, not_sent = run_level(srv.port, c, n, plan, banned, quick=s.quick)
+                    drain_s = _drain(srv, plan, banned, s.quick, n_total)
+                    idle_s = srv.wait_idle(plan.idle_timeout_s)
+                    for one_res in res:
+                        if one_res.prompt_tokens is None:
+                            one_res.prompt_tokens, one_res.prompt_tokens_from = counts(one_res.index), "template"
+                    done[srv.name].append(
+                        {"engine": srv.name, "concurrency": c, "requests": n, "round": rnd, "not_sent": not_sent,
+                         "load_average_before": load, "load_average_after": _load_average(), "drain_s": drain_s,
+                         "idle_wait_s": idle_s, **summarize(res, wall, plan),
+                         "errors": sorted({r.error for r in res if r.error})[:5],
+                         "samples": [_record(r) for r in res]})
+                    prog.step(f"{srv.name} at {c}" + (f", round {rnd + 1}" if plan.rounds > 1 else ""))
+                    if srv.proc.poll() is not None:
+                        raise RuntimeError(f"{srv.name} exited ({srv.proc.returncode}) at concurrency {c}: "
+                                           f"{_tail(srv.log_path)}")
+            rows += [_median_round(runs) for runs in done.values()]
     # Scaling: each engine's output tokens/s over its own at concurrency 1.
     for r in rows:
         one = next((x for x in rows if x["engine"] == r["engine"] and x["concurrency"] == min(plan.levels)), None)
@@ -717,7 +763,11 @@ def _markdown(s: Settings, plan: Plan, nt: int, rows: list[dict[str, Any]], rati
           f"concurrency {', '.join(map(str, plan.levels))} (max(2 x concurrency, {plan.min_requests}) requests "
           f"per level): short chat turns, a long document to summarize and a question after a shared system "
           f"prompt, in turn; {plan.max_tokens} tokens per reply (greedy, end-of-turn tokens banned, so every "
-          f"engine generates them all); servers at {nt} thread(s), engines taking turns at each level; no request "
+          f"engine generates them all); servers at {nt} thread(s), engines taking turns at each level"
+          + (f" in each of {plan.rounds} rounds (each row: the round with the median output tokens/s)"
+             if plan.rounds > 1 else "")
+          + f"; after its turn a server is left to go idle (under 5% of a core for a second, at most "
+          f"{plan.idle_timeout_s:.0f} s) before the next; no request "
           f"starts after {plan.level_timeout_s:.0f} s of a level, and those still running "
           f"{plan.drain_timeout_s:.0f} s later are cut off (failed). "
           f"TTFT: send to first text; TPOT: (E2E - TTFT) / (tokens - 1); ITL: between text chunks; goodput: "
@@ -734,6 +784,11 @@ def _markdown(s: Settings, plan: Plan, nt: int, rows: list[dict[str, Any]], rati
                   "-" if r["output_throughput_vs_lowest"] is None else f"{r['output_throughput_vs_lowest']:.2f}x",
                   f"{r['request_goodput']:.2f}", mpp(r, "ttft"), mpp(r, "tpot"), mpp(r, "itl"), mpp(r, "e2el")]
                  for r in sorted(rows, key=lambda r: (r["concurrency"], r["engine"] != "pyinfer"))])
+    if plan.rounds > 1:
+        md += ["", "Output tokens/s in each round (the row above is the median one):", ""]
+        md += table(["engine", "conc.", "rounds"],
+                    [[r["engine"], r["concurrency"], " / ".join(f"{v:.1f}" for v in r["output_throughput_rounds"])]
+                     for r in sorted(rows, key=lambda r: (r["concurrency"], r["engine"] != "pyinfer"))])
     md += ["", "Median TTFT (ms) by kind of request:", ""]
     md += table(["engine", "conc."] + list(KINDS),
                 [[r["engine"], r["concurrency"]] + [_ms(r["median_ttft_ms_by_kind"].get(k)) for k in KINDS]
