@@ -162,7 +162,10 @@ def test_a_reservation_is_the_kv_cache_and_the_step_scratch_is_shared(model):
     assert scratch == model.context_nbytes(256, 68) - model.context_nbytes(256, 0)  # 4 + 64 rows
     # Room for one short request and a half: the second waits for the first's context.
     with Engine(model, kv_budget_bytes=need + need // 2, max_queue=4) as e:
-        a = e.submit(PROMPTS[0], max_tokens=200, temperature=0)
+        # a runs to its max_tokens (its end-of-turn tokens banned): it holds its context
+        # throughout, however fast the steps.
+        banned = {t: float("-inf") for t in model.tokenizer.eot_ids}
+        a = e.submit(PROMPTS[0], max_tokens=200, temperature=0, logit_bias=banned)
         next(a)
         b = e.submit(PROMPTS[3], max_tokens=5, temperature=0)
         time.sleep(0.2)  # several scheduler steps: b stays queued
