@@ -393,13 +393,22 @@ py::array_t<float> embedding_py(py::array table, uint32_t type, py::object ids, 
   return y;
 }
 
+// "q8_0", or a NumPy dtype (float32, float16).
 KvType parse_kv_dtype(const py::object& dtype) {
-  const py::dtype dt = py::dtype::from_args(dtype);
+  if (py::isinstance<py::str>(dtype) && dtype.cast<std::string>() == "q8_0") return KV_Q8_0;
+  py::dtype dt;
+  try {
+    dt = py::dtype::from_args(dtype);
+  } catch (const py::error_already_set&) {
+    throw py::value_error("KVCache dtype must be float32, float16 or 'q8_0', got " +
+                          py::repr(dtype).cast<std::string>());
+  }
   if (dt.is(py::dtype::of<float>())) return KV_F32;
   if (dt.is(py::dtype("float16"))) return KV_F16;
-  throw py::value_error("KVCache dtype must be float32 or float16, got " + py::str(dt).cast<std::string>());
+  throw py::value_error("KVCache dtype must be float32, float16 or 'q8_0', got " + py::str(dt).cast<std::string>());
 }
 
+// The dtype of keys() and values(): a Q8_0 cache reads out as float32.
 py::dtype kv_dtype(KvType t) { return t == KV_F16 ? py::dtype("float16") : py::dtype::of<float>(); }
 
 // M rows of a cache's width from a (M, width) or (width,) float32 array.
@@ -429,7 +438,10 @@ py::array kv_view(py::object self, int64_t layer, bool values) {
   const auto es = static_cast<py::ssize_t>(c.elem_size());
   const std::vector<py::ssize_t> shape{c.n_head_kv(), c.n_ctx(), c.head_dim()};
   py::array a;
-  if (values) {
+  if (c.type() == KV_Q8_0) {  // int8 and scales: the elements they stand for, copied out
+    a = py::array(kv_dtype(c.type()), shape);
+    c.read_f32(layer, values, static_cast<float*>(a.mutable_data()));
+  } else if (values) {
     a = py::array(kv_dtype(c.type()), shape, {c.n_ctx() * c.head_dim() * es, c.head_dim() * es, es}, c.v(layer, 0),
                   self);
   } else {
@@ -725,9 +737,11 @@ PYBIND11_MODULE(_C, m) {
         "Rows `ids` of a table of dim-element rows of a GGUF type id (raw bytes as stored, e.g. "
         "Q8_0, F16, F32), as float32 [len(ids), dim].");
   py::class_<KVCache>(m, "KVCache",
-                      "Per-sequence K/V cache, float32 or float16: V stored "
+                      "Per-sequence K/V cache, float32, float16 or 'q8_0' (int8 with one float scale per 32 "
+                      "elements of a row, as GGML's Q8_0; head_dim a multiple of 32): V stored "
                       "[n_layer][n_head_kv][n_ctx][head_dim], K in blocks of 16 positions, "
-                      "[head_dim][16] each once complete.")
+                      "[head_dim][16] each once complete. keys() and values() of a q8_0 cache are float32 "
+                      "copies of the elements it stands for.")
       .def(py::init([](int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, py::object dtype) {
              return new KVCache(n_layer, n_head_kv, head_dim, n_ctx, parse_kv_dtype(dtype));
            }),
@@ -749,7 +763,10 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("head_dim", &KVCache::head_dim)
       .def_property_readonly("n_ctx", &KVCache::n_ctx)
       .def_property_readonly("nbytes", &KVCache::nbytes)
-      .def_property_readonly("dtype", [](const KVCache& c) { return kv_dtype(c.type()); });
+      .def_property_readonly("dtype", [](const KVCache& c) -> py::object {
+        if (c.type() == KV_Q8_0) return py::str("q8_0");
+        return kv_dtype(c.type());
+      });
   m.def("attention", &attention_py, py::arg("q"), py::arg("cache"), py::arg("layer"), py::arg("pos"), py::arg("n_head"),
         py::arg("scale") = py::none(), py::arg("window") = 0, py::arg("n_threads") = 1, py::arg("out") = py::none(),
         "Causal grouped-query attention of q[M, n_head * head_dim] (float32) at positions pos..pos+M-1 "

@@ -13,6 +13,7 @@ from pyinfer import reference as R
 
 EPS = float(np.finfo(np.float32).eps)
 DTYPES = ["float32", "float16"]
+ALL_DTYPES = [*DTYPES, "q8_0"]  # q8_0: head_dim a multiple of 32
 
 
 def rng_for(*key: int) -> np.random.Generator:
@@ -140,6 +141,64 @@ def test_append_f16_rounding(isa: str) -> None:
     np.testing.assert_array_equal(c2.keys(0).view(np.uint16), c.keys(0).view(np.uint16))
 
 
+def q8_0_reference(x: np.ndarray) -> np.ndarray:
+    """What a q8_0 cache holds for float32 rows x[..., head_dim], as float32: per 32 elements
+    s = max |x| / 127 and round(x * (1 / s)) (to nearest even), times s; NaN where the 32 hold a
+    NaN or an infinity."""
+    c = x.reshape(*x.shape[:-1], -1, 32)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        d = (np.abs(c).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+        bad = ~np.isfinite(c).all(axis=-1, keepdims=True)
+        inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+        q = np.clip(np.rint((c * inv).astype(np.float32)), -127, 127)
+        out = np.where(bad, np.float32(np.nan), q.astype(np.float32) * d)
+    return out.astype(np.float32).reshape(x.shape)
+
+
+@pytest.mark.parametrize("n_head_kv,head_dim", [(3, 64), (1, 32), (2, 256)])
+def test_append_q8_0(isa: str, n_head_kv: int, head_dim: int) -> None:
+    """A q8_0 cache holds each 32 elements of a row as int8 with one float scale: it reads back
+    as exactly those products, within half a step (s / 2) of each element; appends in pieces,
+    over a filled key block, and truncations behave as for the float caches."""
+    rng = rng_for(13, n_head_kv, head_dim)
+    n_ctx = 41
+    width = n_head_kv * head_dim
+    c = _C.KVCache(2, n_head_kv, head_dim, n_ctx, "q8_0")
+    assert c.dtype == "q8_0" and c.head_dim == head_dim
+    assert c.nbytes == 2 * 2 * n_head_kv * n_ctx * (head_dim + head_dim // 32 * 4)
+    k = rows(rng, n_ctx, width) * rng.uniform(1e-3, 1e3, (n_ctx, 1)).astype(np.float32)
+    v = rows(rng, n_ctx, width, 50.0)
+    k[3, :32] = 0  # an all-zero chunk: scale 0, reads as zeros
+    k[4, 5] = 1e30  # one outlier: its chunk keeps it, the rest of the chunk rounds to 0
+    for a, b in [(0, 7), (7, 16), (16, 30), (30, n_ctx)]:
+        c.append(1, k[a:b], v[a:b], a)
+    want_k, want_v = q8_0_reference(k), q8_0_reference(v)
+    np.testing.assert_array_equal(c.keys(1), heads_major(want_k, n_head_kv, head_dim))
+    np.testing.assert_array_equal(c.values(1), heads_major(want_v, n_head_kv, head_dim))
+    chunk_max = np.abs(k.reshape(n_ctx, -1, 32)).max(axis=-1, keepdims=True)
+    assert np.all(np.abs(want_k - k).reshape(n_ctx, -1, 32) <= chunk_max / 127 * (0.5 + 1e-4))
+    assert not np.any(want_k[3, :32]) and want_k[4, 5] == pytest.approx(1e30, rel=1e-6)
+    # Overwrite from inside the filled block 16..31, then read back what is kept.
+    c.append(1, v[:3], k[:3], 20)
+    assert c.n_pos(1) == 23
+    np.testing.assert_array_equal(c.keys(1)[:, 20:23], heads_major(q8_0_reference(v[:3]), n_head_kv, head_dim))
+    np.testing.assert_array_equal(c.keys(1)[:, :20], heads_major(want_k[:20], n_head_kv, head_dim))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        _C.KVCache(1, 1, 40, 8, "q8_0")
+
+
+def test_q8_0_special_values(isa: str) -> None:
+    """A chunk with a NaN or an infinity reads back as NaN, the other chunks of its row as usual."""
+    x = rows(rng_for(14), 2, 64)
+    x[0, 3], x[1, 40] = np.nan, -np.inf
+    c = _C.KVCache(1, 1, 64, 4, "q8_0")
+    c.append(0, x, x, 0)
+    for got in (c.keys(0)[0, :2], c.values(0)[0, :2]):
+        assert np.all(np.isnan(got[0, :32])) and np.all(np.isnan(got[1, 32:]))
+        np.testing.assert_array_equal(got[0, 32:], q8_0_reference(x)[0, 32:])
+        np.testing.assert_array_equal(got[1, :32], q8_0_reference(x)[1, :32])
+
+
 def test_cache_errors() -> None:
     c = _C.KVCache(2, 3, 8, 10)
     k = np.zeros((4, 24), np.float32)
@@ -158,8 +217,10 @@ def test_cache_errors() -> None:
         c.append(1, k.astype(np.float64), k, 0)
     with pytest.raises(ValueError, match="same number of rows"):
         c.append(1, k, k[:3], 0)
-    with pytest.raises(ValueError, match="float32 or float16"):
+    with pytest.raises(ValueError, match="float32, float16 or 'q8_0'"):
         _C.KVCache(1, 1, 8, 8, "int8")
+    with pytest.raises(ValueError, match="float32, float16 or 'q8_0'"):
+        _C.KVCache(1, 1, 8, 8, "q4_0")
     with pytest.raises(ValueError, match=">= 1"):
         _C.KVCache(1, 1, 8, 0)
     with pytest.raises(ValueError, match="layer"):
@@ -221,10 +282,14 @@ def check_attention(c, layer, q, pos, n_head, window=0, n_threads=1):
 # (n_head, n_head_kv, head_dim): the default model's, shapes off every vector width, and groups
 # of query heads the kernels split (7: 4 + 3, 5: 3 + 2) with gemma3's head_dim.
 SHAPES = [(9, 3, 64), (4, 1, 17), (6, 2, 40), (2, 2, 80), (3, 1, 8), (7, 1, 256), (10, 2, 24)]
+# Every shape in float32 and float16; q8_0 with the head_dims it takes (multiples of 32), and
+# groups of 2 (rows in register groups) and 5.
+DTYPE_SHAPES = [(d, *shape) for d in DTYPES for shape in SHAPES] + [
+    ("q8_0", *shape) for shape in [(9, 3, 64), (7, 1, 256), (4, 2, 32), (10, 2, 96)]
+]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n_head,n_head_kv,head_dim", SHAPES)
+@pytest.mark.parametrize("dtype,n_head,n_head_kv,head_dim", DTYPE_SHAPES)
 def test_decode(isa: str, dtype: str, n_head: int, n_head_kv: int, head_dim: int) -> None:
     n_ctx = 70
     for pos in [0, 1, 31, n_ctx - 1]:
@@ -233,8 +298,7 @@ def test_decode(isa: str, dtype: str, n_head: int, n_head_kv: int, head_dim: int
         check_attention(c, 1, rows(rng, 1, n_head * head_dim), pos, n_head)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n_head,n_head_kv,head_dim", SHAPES)
+@pytest.mark.parametrize("dtype,n_head,n_head_kv,head_dim", DTYPE_SHAPES)
 def test_prefill(isa: str, dtype: str, n_head: int, n_head_kv: int, head_dim: int) -> None:
     n_ctx, m = 50, 7
     for pos in [0, 20, n_ctx - m]:
@@ -273,7 +337,7 @@ def test_large_scores_stable(isa: str) -> None:
     assert np.all(np.isfinite(out))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_threads_identical(isa: str, dtype: str) -> None:
     rng = rng_for(8)
     c = filled_cache(rng, 1, 3, 64, 300, 300, dtype, 0)
@@ -287,14 +351,14 @@ def test_threads_identical(isa: str, dtype: str) -> None:
     )
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("window", [0, 21, 3])
 @pytest.mark.parametrize("n_head,n_head_kv", [(14, 2), (3, 3), (4, 2)])
 def test_split_identical(isa: str, dtype: str, window: int, n_head: int, n_head_kv: int) -> None:
     """A query's result does not depend on which rows, heads or threads share its work: all rows
     at once (prefill), one row at a time (decode), and any thread count give the same bits."""
     rng = rng_for(11, window, n_head)
-    hd, pos, m = 40, 37, 9
+    hd, pos, m = (64 if dtype == "q8_0" else 40), 37, 9
     c = filled_cache(rng, 1, n_head_kv, hd, 64, pos + m, dtype, 0)
     q = rows(rng, m, n_head * hd)
     whole = _C.attention(q, c, 0, pos, n_head, window=window)

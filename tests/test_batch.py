@@ -160,7 +160,7 @@ def test_mixed_step_rows_equal_each_sequence_alone(default_model, precision):
         batch.step(mixed[:2], [[1], []])
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("kv_dtype", ["float32", "float16", "q8_0"])
 @pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 40])
 def test_copied_prefix_is_the_evaluated_one(default_model, kv_dtype, n):
     """A context holding a copy of another's first n positions continues exactly as one that

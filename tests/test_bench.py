@@ -113,12 +113,14 @@ def test_roofline_is_internally_consistent(bench_out: Path, tiny: Path) -> None:
 
 def test_context_model_size_and_ceiling(bench_out: Path) -> None:
     ctx = _load(bench_out, "context")["rows"]
-    assert {r["kv_dtype"] for r in ctx} == {"float32", "float16"}
+    assert {r["kv_dtype"] for r in ctx} == {"float32", "float16", "q8_0"}  # the tiny model's head_dim is 64
     for r in ctx:
         _check_decode_row(r)
     f32 = {r["context"]: r["kv_bytes_per_position"] for r in ctx if r["kv_dtype"] == "float32"}
     f16 = {r["context"]: r["kv_bytes_per_position"] for r in ctx if r["kv_dtype"] == "float16"}
+    q8 = {r["context"]: r["kv_bytes_per_position"] for r in ctx if r["kv_dtype"] == "q8_0"}
     assert all(f32[c] == 2 * f16[c] for c in f32)
+    assert all(32 * q8[c] == 9 * f32[c] for c in f32)  # an int8 and a 32nd of a float32 scale per element
     sizes = _load(bench_out, "model_size")["rows"]
     for r in sizes:
         _check_decode_row(r)

@@ -123,7 +123,7 @@ def test_matmul_agrees_on_special_values(where: str, tname: str, precision: str)
     _assert_same_pattern(_on_each_isa(lambda: _C.matmul(x, raw, int(t), 16, 64, precision=precision)))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "q8_0"])
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 def test_attention_agrees_on_special_values(where: str, dtype: str) -> None:
     n_head, n_kv, hd, n = 4, 2, 64, 20

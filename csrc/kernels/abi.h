@@ -58,6 +58,14 @@ struct AttnTile {
   const void* k;
   const void* k_last;
   const void* v;
+  // KV_Q8_0 only: int8 elements, each 32 consecutive ones of a key or value (dimensions
+  // 32c..32c+31) sharing one float scale. Element i of key p is k8 * k_scale[(i / 32) *
+  // k_scale_stride + p] (the scales of a chunk c side by side over positions), element i of
+  // value j is v8 * v_scale[j * (head_dim / 32) + i / 32]; the kernels use exactly those
+  // products, the cache's dequantized elements.
+  const float* k_scale;
+  int64_t k_scale_stride;
+  const float* v_scale;
   int64_t head_dim;
   float scale;
   float* scores;  // scratch: n_rows * n_heads * attn_span(first(0), last + n_rows - 1) floats
@@ -72,7 +80,9 @@ inline int64_t attn_first(const AttnTile& t, int64_t r) {
   return t.window > 0 && t.last + r + 1 > t.window ? t.last + r + 1 - t.window : 0;
 }
 constexpr int64_t kRopeMaxDim = 1024;
-enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_TYPE_SLOTS = 2 };
+enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_TYPE_SLOTS = 3 };
+// Elements per scale of a KV_Q8_0 cache, as GGML's Q8_0 blocks (llama.cpp's -ctk q8_0).
+constexpr int64_t kKvQ8Chunk = 32;
 
 // Matmul row kernels, y[m*ldy + n] = sum_k x[m, k] * W[n, k] for m < M and n < n_rows: w
 // points at the first of n_rows weight rows of w_row_bytes each (blocks as stored in GGUF),

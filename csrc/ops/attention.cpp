@@ -59,6 +59,7 @@ void attention_range(const AttentionArgs& a, int64_t begin, int64_t end, float* 
   tile.out_stride = a.out_stride;
   tile.window = a.window;
   tile.head_dim = hd;
+  tile.k_scale_stride = c.k_scale_stride();
   tile.scale = a.scale;
   tile.scores = scratch + hd * kKeyBlock;  // after room for one transposed key block
   for (int64_t item = begin; item < end;) {
@@ -78,11 +79,15 @@ void attention_range(const AttentionArgs& a, int64_t begin, int64_t end, float* 
       const int64_t rows = last % kKeyBlock + 1;
       if (c.type() == KV_F16)
         transpose_keys(static_cast<const fp16_t*>(tile.k_last), rows, hd, reinterpret_cast<fp16_t*>(scratch));
+      else if (c.type() == KV_Q8_0)
+        transpose_keys(static_cast<const int8_t*>(tile.k_last), rows, hd, reinterpret_cast<int8_t*>(scratch));
       else
         transpose_keys(static_cast<const float*>(tile.k_last), rows, hd, scratch);
       tile.k_last = scratch;
     }
     tile.v = c.v(a.layer, g);
+    tile.k_scale = c.k_scale(a.layer, g);
+    tile.v_scale = c.v_scale(a.layer, g);
     attn(tile);
     item += tile.n_heads;
   }

@@ -2,11 +2,13 @@
 // with no ISA flags).
 #include "ops/kv_cache.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/half.h"
 #include "runtime/checked.h"
 #include "runtime/dispatch.h"
 
@@ -54,16 +56,46 @@ void put_key(T* region, int64_t p, const T* src, int64_t hd, bool row_major) {
   }
 }
 
+// Q8_0: x[n] (n a multiple of kKvQ8Chunk) as int8 q[n] and one scale per chunk of
+// kKvQ8Chunk, chunk c's at s[c * s_stride]: s = max |x| / 127, q = x / s rounded to nearest
+// (ties to even), so |q| <= 127. A chunk with a NaN or an infinity gets the scale NaN (and
+// q = 0): it reads back as NaN, as the float caches would carry it.
+void quantize_q8(const float* x, int64_t n, int8_t* q, float* s, int64_t s_stride) {
+  for (int64_t c = 0; c * kKvQ8Chunk < n; ++c) {
+    const float* xc = x + c * kKvQ8Chunk;
+    int8_t* qc = q + c * kKvQ8Chunk;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < kKvQ8Chunk; ++i) {
+      finite = finite && std::isfinite(xc[i]);
+      amax = std::fabs(xc[i]) > amax ? std::fabs(xc[i]) : amax;
+    }
+    const float d = finite ? amax / 127.0f : NAN;
+    const float id = finite && d > 0.0f ? 1.0f / d : 0.0f;
+    for (int64_t i = 0; i < kKvQ8Chunk; ++i) {
+      float r = std::nearbyint(xc[i] * id);  // |x * id| <= 127 up to rounding: clamp
+      r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+      qc[i] = finite ? static_cast<int8_t>(r) : int8_t{0};
+    }
+    s[c * s_stride] = d;
+  }
+}
+
+float* zeroed_floats(size_t n_bytes, const char* what) { return reinterpret_cast<float*>(zeroed(n_bytes, what)); }
+
 }  // namespace
 
-void KVCache::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+void KVCache::FreeDeleter::operator()(void* p) const { std::free(p); }
 
 KVCache::KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, KvType type)
     : n_layer_(n_layer), n_head_kv_(n_head_kv), head_dim_(head_dim), n_ctx_(n_ctx), type_(type) {
   if (n_layer < 1 || n_head_kv < 1 || head_dim < 1 || n_ctx < 1)
     throw std::invalid_argument("KVCache needs n_layer, n_head_kv, head_dim and n_ctx >= 1; got " + str(n_layer) +
                                 ", " + str(n_head_kv) + ", " + str(head_dim) + ", " + str(n_ctx));
-  if (type != KV_F32 && type != KV_F16) throw std::invalid_argument("KVCache: unknown element type");
+  if (type != KV_F32 && type != KV_F16 && type != KV_Q8_0) throw std::invalid_argument("KVCache: unknown element type");
+  if (type == KV_Q8_0 && head_dim % kKvQ8Chunk != 0)
+    throw std::invalid_argument("a Q8_0 KV cache needs head_dim a multiple of " + str(kKvQ8Chunk) + "; got " +
+                                str(head_dim));
   // Both sizes checked before either is allocated; K's rounds n_ctx up to whole blocks.
   const auto es = static_cast<int64_t>(elem_size());
   const int64_t v_bytes =
@@ -74,9 +106,21 @@ KVCache::KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n
        es},
       "KV cache bytes of K (n_layer * n_head_kv * n_ctx in whole key blocks * head_dim * element size)");
   checked_add(k_bytes, v_bytes, "KV cache bytes (K + V)");
+  int64_t ks_bytes = 0, vs_bytes = 0;
+  if (type == KV_Q8_0) {
+    vs_bytes = v_bytes / kKvQ8Chunk * static_cast<int64_t>(sizeof(float));
+    ks_bytes = k_bytes / kKvQ8Chunk * static_cast<int64_t>(sizeof(float));
+    checked_add(checked_add(k_bytes, v_bytes, "KV cache bytes (K + V)"), checked_add(ks_bytes, vs_bytes, "scales"),
+                "KV cache bytes (K + V and their scales)");
+  }
   bytes_ = to_size(v_bytes, "KV cache bytes of V");
+  scale_bytes_ = to_size(vs_bytes, "KV cache bytes of V's scales");
   k_.reset(zeroed(to_size(k_bytes, "KV cache bytes of K"), "the KV cache's keys"));
   v_.reset(zeroed(bytes_, "the KV cache's values"));
+  if (type == KV_Q8_0) {
+    ks_.reset(zeroed_floats(to_size(ks_bytes, "KV cache bytes of K's scales"), "the KV cache's key scales"));
+    vs_.reset(zeroed_floats(scale_bytes_, "the KV cache's value scales"));
+  }
   n_pos_.assign(static_cast<size_t>(n_layer), 0);
 }
 
@@ -113,11 +157,15 @@ void KVCache::append(int64_t layer, const float* k, int64_t k_stride, const floa
   const bool was_rows = b >= have / kKeyBlock, now_rows = b >= full;
   const bool move = pos % kKeyBlock != 0 && was_rows != now_rows;
   std::vector<fp16_t> kh(type_ == KV_F16 ? static_cast<size_t>(head_dim_) : 0);
+  std::vector<int8_t> k8(type_ == KV_Q8_0 ? static_cast<size_t>(head_dim_) : 0);
+  const int64_t nc = head_dim_ / kKvQ8Chunk;
   for (int64_t h = 0; h < n_head_kv_; ++h) {
     uint8_t* kd = k_.get() + k_offset(layer, h);
     uint8_t* vd = v_.get() + v_offset(layer, h);
     if (move && type_ == KV_F16)
       relayout_keys(reinterpret_cast<fp16_t*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
+    else if (move && type_ == KV_Q8_0)
+      relayout_keys(reinterpret_cast<int8_t*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
     else if (move)
       relayout_keys(reinterpret_cast<float*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
     for (int64_t t = 0; t < m; ++t) {
@@ -126,7 +174,13 @@ void KVCache::append(int64_t layer, const float* k, int64_t k_stride, const floa
       const int64_t p = pos + t;
       const bool rows = p / kKeyBlock >= full;
       uint8_t* vr = vd + static_cast<size_t>(p) * row_bytes;
-      if (type_ == KV_F16) {
+      if (type_ == KV_Q8_0) {
+        float* kscale = ks_.get() + scale_offset(layer, h, k_scale_stride());
+        float* vscale = vs_.get() + scale_offset(layer, h, n_ctx_);
+        quantize_q8(ks, head_dim_, k8.data(), kscale + p, k_scale_stride());
+        put_key(reinterpret_cast<int8_t*>(kd), p, k8.data(), head_dim_, rows);
+        quantize_q8(vs, head_dim_, reinterpret_cast<int8_t*>(vr), vscale + p * nc, 1);
+      } else if (type_ == KV_F16) {
         to_f16(ks, kh.data(), head_dim_);
         put_key(reinterpret_cast<fp16_t*>(kd), p, kh.data(), head_dim_, rows);
         to_f16(vs, reinterpret_cast<fp16_t*>(vr), head_dim_);
@@ -153,6 +207,34 @@ void KVCache::copy_keys(int64_t layer, void* dst) const {
   }
 }
 
+void KVCache::read_f32(int64_t layer, bool values, float* dst) const {
+  check_layer(layer);
+  const int64_t per_head = n_ctx_ * head_dim_, nc = head_dim_ / kKvQ8Chunk;
+  std::vector<uint8_t> keys;
+  if (!values) {
+    keys.resize(static_cast<size_t>(n_head_kv_ * per_head) * elem_size());
+    copy_keys(layer, keys.data());
+  }
+  for (int64_t h = 0; h < n_head_kv_; ++h) {
+    const uint8_t* src =
+        values ? v_.get() + v_offset(layer, h) : keys.data() + static_cast<size_t>(h * per_head) * elem_size();
+    float* out = dst + h * per_head;
+    for (int64_t p = 0; p < n_ctx_; ++p)
+      for (int64_t i = 0; i < head_dim_; ++i) {
+        const int64_t e = p * head_dim_ + i;
+        if (type_ == KV_F32) {
+          out[e] = reinterpret_cast<const float*>(src)[e];
+        } else if (type_ == KV_F16) {
+          out[e] = fp16_to_f32(reinterpret_cast<const fp16_t*>(src)[e]);
+        } else {
+          const float s = values ? v_scale(layer, h)[p * nc + i / kKvQ8Chunk]
+                                 : k_scale(layer, h)[i / kKvQ8Chunk * k_scale_stride() + p];
+          out[e] = static_cast<float>(reinterpret_cast<const int8_t*>(src)[e]) * s;
+        }
+      }
+  }
+}
+
 void KVCache::copy_prefix(const KVCache& src, int64_t n) {
   if (src.n_layer_ != n_layer_ || src.n_head_kv_ != n_head_kv_ || src.head_dim_ != head_dim_ || src.type_ != type_)
     throw std::invalid_argument("copy_prefix: the source cache has another shape or element type");
@@ -175,6 +257,14 @@ void KVCache::copy_prefix(const KVCache& src, int64_t n) {
       std::memcpy(v_.get() + v_offset(il, h), src.v_.get() + src.v_offset(il, h),
                   static_cast<size_t>(n * head_dim_) * es);
       std::memcpy(dk, sk, static_cast<size_t>(full * block_elems) * es);
+      if (type_ == KV_Q8_0) {
+        const int64_t nc = head_dim_ / kKvQ8Chunk;
+        std::memcpy(vs_.get() + scale_offset(il, h, n_ctx_), src.v_scale(il, h),
+                    static_cast<size_t>(n * nc) * sizeof(float));
+        for (int64_t c = 0; c < nc; ++c)  // the strides differ where the two n_ctx do
+          std::memcpy(ks_.get() + scale_offset(il, h, k_scale_stride()) + c * k_scale_stride(),
+                      src.k_scale(il, h) + c * src.k_scale_stride(), static_cast<size_t>(n) * sizeof(float));
+      }
       const uint8_t* sb = sk + static_cast<size_t>(full * block_elems) * es;
       uint8_t* db = dk + static_cast<size_t>(full * block_elems) * es;
       if (src_rows) {

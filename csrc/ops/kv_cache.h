@@ -10,7 +10,12 @@
 
 namespace pyinfer {
 
-// K and V of every layer, float32 or float16. V is stored [n_layer][n_head_kv][n_ctx][head_dim];
+// K and V of every layer, float32, float16 or Q8_0 (int8 elements, each 32 consecutive ones of
+// a row with one float scale, kernels/abi.h's AttnTile; head_dim a multiple of 32; scales kept
+// beside the elements, those of keys [n_layer][n_head_kv][head_dim / 32][n_ctx in whole key
+// blocks], those of values [n_layer][n_head_kv][n_ctx][head_dim / 32]; an element is stored
+// as round(x / s) with s = max |x| / 127 over its 32, and a chunk holding NaN or infinity
+// reads as NaN). V is stored [n_layer][n_head_kv][n_ctx][head_dim];
 // K in blocks of kKeyBlock positions, [n_layer][n_head_kv][n_blk][kKeyBlock * head_dim] with
 // n_blk = n_ctx / kKeyBlock rounded up. A complete block (below n_pos(layer) / kKeyBlock) is
 // [head_dim][kKeyBlock], kKeyBlock positions side by side for each dimension, so a query's
@@ -42,9 +47,21 @@ class KVCache {
   // Start of the key blocks (see above) and of the values ([n_ctx][head_dim]) of (layer, KV head).
   const void* k(int64_t layer, int64_t head) const { return k_.get() + k_offset(layer, head); }
   const void* v(int64_t layer, int64_t head) const { return v_.get() + v_offset(layer, head); }
+  // Q8_0 only: the scales of (layer, KV head)'s keys ([head_dim / 32][k_scale_stride()]) and
+  // values ([n_ctx][head_dim / 32]); nullptr for the other types.
+  const float* k_scale(int64_t layer, int64_t head) const {
+    return ks_ ? ks_.get() + scale_offset(layer, head, k_scale_stride()) : nullptr;
+  }
+  const float* v_scale(int64_t layer, int64_t head) const {
+    return vs_ ? vs_.get() + scale_offset(layer, head, n_ctx_) : nullptr;
+  }
+  int64_t k_scale_stride() const { return n_blk() * kKeyBlock; }
   // One layer's keys in position order, [n_head_kv][n_ctx][head_dim] elements of the cache's
   // type (positions from n_pos(layer) on hold whatever their storage holds).
   void copy_keys(int64_t layer, void* dst) const;
+  // One layer's keys or values in position order as float32, [n_head_kv][n_ctx][head_dim]:
+  // the elements the attention kernels read (for Q8_0, each int8 times its scale).
+  void read_f32(int64_t layer, bool values, float* dst) const;
 
   // Every layer holds the first n positions of src's (a cache of the same shape and type,
   // of any n_ctx >= n, holding at least n positions in every layer), and no more: a shared
@@ -60,14 +77,14 @@ class KVCache {
   int64_t head_dim() const { return head_dim_; }
   int64_t n_ctx() const { return n_ctx_; }
   KvType type() const { return type_; }
-  size_t elem_size() const { return type_ == KV_F16 ? 2 : 4; }
-  // K and V together, n_ctx positions of each (K's storage also holds up to kKeyBlock - 1
-  // positions of padding per layer and head, left out here).
-  size_t nbytes() const { return 2 * bytes_; }
+  size_t elem_size() const { return type_ == KV_F16 ? 2 : type_ == KV_Q8_0 ? 1 : 4; }
+  // K and V together, n_ctx positions of each, with Q8_0's scales (K's storage also holds up
+  // to kKeyBlock - 1 positions of padding per layer and head, left out here).
+  size_t nbytes() const { return 2 * bytes_ + 2 * scale_bytes_; }
 
  private:
   struct FreeDeleter {
-    void operator()(uint8_t* p) const;
+    void operator()(void* p) const;
   };
   int64_t n_blk() const { return (n_ctx_ + kKeyBlock - 1) / kKeyBlock; }
   size_t k_offset(int64_t layer, int64_t head) const {
@@ -76,13 +93,18 @@ class KVCache {
   size_t v_offset(int64_t layer, int64_t head) const {
     return static_cast<size_t>((layer * n_head_kv_ + head) * n_ctx_ * head_dim_) * elem_size();
   }
+  size_t scale_offset(int64_t layer, int64_t head, int64_t positions) const {
+    return static_cast<size_t>((layer * n_head_kv_ + head) * positions * (head_dim_ / kKvQ8Chunk));
+  }
   void check_layer(int64_t layer) const;
 
   int64_t n_layer_, n_head_kv_, head_dim_, n_ctx_;
   KvType type_;
-  size_t bytes_;  // of V (and of K's n_ctx positions)
+  size_t bytes_;        // of V (and of K's n_ctx positions)
+  size_t scale_bytes_;  // of V's scales (and of K's n_ctx positions'), Q8_0; else 0
   std::unique_ptr<uint8_t, FreeDeleter> k_, v_;
-  std::vector<int64_t> n_pos_;  // [n_layer]
+  std::unique_ptr<float, FreeDeleter> ks_, vs_;  // Q8_0's scales, else empty
+  std::vector<int64_t> n_pos_;                   // [n_layer]
 };
 
 }  // namespace pyinfer

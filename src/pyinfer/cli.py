@@ -69,7 +69,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-body-bytes must be >= 1, got {args.max_body_bytes}")
     kv = None if args.kv_budget_mib is None else int(args.kv_budget_mib * (1 << 20))
     # What each engine loads and how it schedules, whether one process serves or Ray's replicas do.
-    engine = {"model": args.model, "n_ctx": args.ctx, "precision": args.precision, "max_batch": args.max_batch,
+    engine = {"model": args.model, "n_ctx": args.ctx, "precision": args.precision, "kv_dtype": args.kv_dtype,
+              "max_batch": args.max_batch,
               "token_budget": args.token_budget, "kv_budget_bytes": kv, "max_queue": args.max_queue,
               "prefix_cache": not args.no_prefix_cache, "max_body_bytes": args.max_body_bytes}
     if args.ray:
@@ -101,7 +102,8 @@ def _serve_ray(args: argparse.Namespace, api_key: str | None, engine: dict[str, 
 def _load_model(args: argparse.Namespace) -> Any:
     from pyinfer.model import Model
 
-    return Model.load(args.model, n_ctx=args.ctx, n_threads=args.threads, precision=args.precision)
+    return Model.load(args.model, n_ctx=args.ctx, n_threads=args.threads, precision=args.precision,
+                      kv_dtype=args.kv_dtype)
 
 
 def _sampling_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,6 +196,11 @@ def _cmd_chat(args: argparse.Namespace) -> int:
             print(timing_line(last.timings, model.weight_bytes_per_token), file=sys.stderr)
 
 
+def _add_kv_dtype(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-dtype", choices=["float32", "float16", "q8_0"], default="float32",
+                   help="KV cache elements: q8_0 takes 0.28x float32's memory, float16 0.5x (default: %(default)s)")
+
+
 def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", "-m", default=None, help="GGUF path or known model name (default: smollm2)")
     p.add_argument("--threads", "-t", type=int, default=None, help="threads (default: all cores)")
@@ -214,6 +221,7 @@ def _add_generation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=["fast", "exact"], default="fast",
                    help="fast: 8-bit activations, integer dot products; exact: float32 (default: %(default)s)")
     p.add_argument("--system", default=None, help="a system message for chat models")
+    _add_kv_dtype(p)
 
 
 def _port(text: str) -> int:
@@ -293,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--ctx", "-c", type=int, default=4096, help="longest sequence in tokens (default: %(default)s)")
     sv.add_argument("--precision", choices=["fast", "exact"], default="fast",
                     help="fast keeps batched outputs bit-identical to single ones (default: %(default)s)")
+    _add_kv_dtype(sv)
     sv.add_argument("--max-batch", type=int, default=16, help="sequences running at once (default: %(default)s)")
     sv.add_argument("--token-budget", type=int, default=TOKEN_BUDGET,
                     help="prompt tokens per scheduler step, beside the decoding rows (default: %(default)s)")

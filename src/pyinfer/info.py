@@ -82,7 +82,8 @@ def model_info(r: GGUFReader) -> dict[str, Any]:
             for t in r.tensors.values()
         ],
         "weight_bytes_per_token": weight_bytes,
-        "kv_bytes_per_token": {"f32": kv_elems * 4, "f16": kv_elems * 2} if kv_elems else None,
+        "kv_bytes_per_token": ({"f32": kv_elems * 4, "f16": kv_elems * 2, "q8_0": kv_elems * 9 // 8}
+                               if kv_elems else None),
     }
 
 
@@ -112,7 +113,8 @@ def format_info(info: dict[str, Any], *, tensors: bool = False) -> str:
     ]
     kv = info["kv_bytes_per_token"]
     if kv:
-        lines.append(f"KV cache        {kv['f32']:,} bytes per token of context in float32, {kv['f16']:,} in float16")
+        lines.append(f"KV cache        {kv['f32']:,} bytes per token of context in float32, {kv['f16']:,} in float16, "
+                     f"{kv['q8_0']:,} in q8_0")
     if tensors:
         lines.append("")
         for t in info["tensors"]:

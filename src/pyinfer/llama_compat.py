@@ -531,8 +531,8 @@ class Llama:
         seed: see the module's docstring. logits_all: keep the logits of every evaluated token
         in `scores` (perplexity). last_n_tokens_size: how many recent tokens the repetition
         penalties look at. chat_format: which chat template create_chat_completion uses.
-        pyinfer's own keywords: precision ("fast" or "exact"), kv_dtype ("float32" or
-        "float16"). Other llama-cpp-python keywords: see IGNORED_KWARGS / UNSUPPORTED_KWARGS.
+        pyinfer's own keywords: precision ("fast" or "exact"), kv_dtype ("float32",
+        "float16" or "q8_0"). Other llama-cpp-python keywords: see IGNORED_KWARGS / UNSUPPORTED_KWARGS.
         """
         t0 = time.perf_counter()
         # Pickling a Llama (llama-cpp-python's __getstate__) loads it again from these.

@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from pyinfer.request import Completion, CompletionChunk
 
 PRECISIONS = ("fast", "exact")
-KV_DTYPES = ("float32", "float16")
+KV_DTYPES = ("float32", "float16", "q8_0")
+# Bytes per cached element: q8_0 holds an int8 and, per 32 elements, a float32 scale.
+KV_ELEMENT_BYTES = {"float32": 4.0, "float16": 2.0, "q8_0": 1.0 + 4.0 / 32}
 
 
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
@@ -258,6 +260,9 @@ class Model:
             self.config = dataclasses.replace(self.config, rope_freq_scale=float(rope_freq_scale))
         self.precision = _check_choice("precision", precision, PRECISIONS)
         self.kv_dtype = _check_choice("kv_dtype", kv_dtype, KV_DTYPES)
+        if self.kv_dtype == "q8_0" and self.config.head_dim % 32 != 0:
+            raise ValueError(f"kv_dtype 'q8_0' needs head_dim a multiple of 32 (its scales cover 32 elements); "
+                             f"this model's head_dim is {self.config.head_dim}")
         self.n_ctx = _check_positive_int(
             "n_ctx", n_ctx if n_ctx is not None else min(self.config.n_ctx_train, 4096), MAX_TOKENS
         )
@@ -322,7 +327,7 @@ class Model:
         """Bytes a context of n_ctx positions and n_batch tokens per call allocates: its KV
         cache and its forward-pass scratch."""
         c = self.config
-        kv = 2 * c.n_layer * c.n_head_kv * c.head_dim * n_ctx * (4 if self.kv_dtype == "float32" else 2)
+        kv = int(2 * c.n_layer * c.n_head_kv * c.head_dim * n_ctx * KV_ELEMENT_BYTES[self.kv_dtype])
         return kv + n_batch * self._row_nbytes()
 
     def _row_nbytes(self) -> int:

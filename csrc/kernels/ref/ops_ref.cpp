@@ -83,12 +83,32 @@ void f32_to_f16_ref(const float* src, fp16_t* dst, int64_t n) {
 inline float kv_load(const float* p, int64_t i) { return p[i]; }
 inline float kv_load(const fp16_t* p, int64_t i) { return fp16_to_f32(p[i]); }
 
+// Element i of key p (kj: the key's first element, in its block) and element i of value j,
+// as float32: the stored element, or for Q8_0 (int8_t) the int8 times its scale.
+template <typename T>
+struct KvRead {
+  const AttnTile& t;
+  float key(const T* kj, int64_t i, int64_t) const { return kv_load(kj, i * kKeyBlock); }
+  float value(int64_t j, int64_t i) const { return kv_load(static_cast<const T*>(t.v) + j * t.head_dim, i); }
+};
+template <>
+struct KvRead<int8_t> {
+  const AttnTile& t;
+  float key(const int8_t* kj, int64_t i, int64_t p) const {
+    return static_cast<float>(kj[i * kKeyBlock]) * t.k_scale[i / kKvQ8Chunk * t.k_scale_stride + p];
+  }
+  float value(int64_t j, int64_t i) const {
+    return static_cast<float>(static_cast<const int8_t*>(t.v)[j * t.head_dim + i]) *
+           t.v_scale[j * (t.head_dim / kKvQ8Chunk) + i / kKvQ8Chunk];
+  }
+};
+
 // Per query, two passes over the keys: scores and their max, then exp(s - max) weights; the
 // weighted sum of V is divided by the weights' sum at the end. Stable for any score range.
 template <typename T>
 void attention_ref(const AttnTile& t) {
   const int64_t hd = t.head_dim, last_block = (t.last + t.n_rows - 1) / kKeyBlock;
-  const T* v = static_cast<const T*>(t.v);
+  const KvRead<T> rd{t};
   float* scores = t.scores;
   for (int64_t row = 0; row < t.n_rows; ++row) {
     const int64_t first = attn_first(t, row), n_kv = t.last + row + 1 - first;
@@ -103,7 +123,7 @@ void attention_ref(const AttnTile& t) {
             (b == last_block ? static_cast<const T*>(t.k_last) : static_cast<const T*>(t.k) + b * hd * kKeyBlock) +
             p % kKeyBlock;
         float d = 0.0f;
-        for (int64_t i = 0; i < hd; ++i) d += q[i] * kv_load(kj, i * kKeyBlock);
+        for (int64_t i = 0; i < hd; ++i) d += q[i] * rd.key(kj, i, p);
         scores[j] = d * t.scale;
         m = scores[j] > m ? scores[j] : m;
       }
@@ -112,7 +132,7 @@ void attention_ref(const AttnTile& t) {
       for (int64_t j = 0; j < n_kv; ++j) {
         const float w = std::exp(scores[j] - m);
         sum += w;
-        for (int64_t i = 0; i < hd; ++i) out[i] += w * kv_load(v + (first + j) * hd, i);
+        for (int64_t i = 0; i < hd; ++i) out[i] += w * rd.value(first + j, i);
       }
       const float inv = 1.0f / sum;
       for (int64_t i = 0; i < hd; ++i) out[i] *= inv;
@@ -132,6 +152,7 @@ void fill_ops_scalar(KernelSet& t) {
   t.f32_to_f16 = f32_to_f16_ref;
   t.attention[KV_F32] = attention_ref<float>;
   t.attention[KV_F16] = attention_ref<fp16_t>;
+  t.attention[KV_Q8_0] = attention_ref<int8_t>;
 }
 
 }  // namespace pyinfer

@@ -183,25 +183,36 @@ void f32_to_f16_avx512(const float* src, fp16_t* dst, int64_t n) {
   }
 }
 
-// 16 cached elements from p[idx..] (masked) as float32; F16 selects fp16 storage.
-template <bool F16>
+// 16 cached elements from p[idx..] (masked) as float32, of the cache's type KT (KvType); for
+// KV_Q8_0 the int8 elements, their scales applied by the caller.
+template <int KT>
 inline __m512 kv16(const void* p, int64_t idx, __mmask16 k) {
-  if (F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, static_cast<const fp16_t*>(p) + idx));
+  if (KT == KV_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, static_cast<const fp16_t*>(p) + idx));
+  if (KT == KV_Q8_0)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(k, static_cast<const int8_t*>(p) + idx)));
   return _mm512_maskz_loadu_ps(k, static_cast<const float*>(p) + idx);
 }
 
 // Scores of RG queries against NB consecutive key blocks from k: s[r * ls + i], i over the
 // NB * 16 positions. Each K vector load feeds RG multiply-adds, and each score is one
 // multiply-add chain over d = 0..head_dim-1 in order, so its bits do not depend on RG or NB.
-template <int RG, int NB, bool F16>
-inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls) {
+// KV_Q8_0: ks holds the scales of the blocks' first position, chunk c's at c * ks_stride; each
+// key vector is its int8 elements times their scales before the multiply-adds.
+template <int RG, int NB, int KT>
+inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls,
+                         const float* ks, int64_t ks_stride) {
   __m512 acc[RG][NB];
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_setzero_ps();
+  __m512 sv[NB];
+  UNROLL for (int n = 0; n < NB; ++n) sv[n] = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; ++d) {
+    if (KT == KV_Q8_0 && d % kKvQ8Chunk == 0)
+      UNROLL for (int n = 0; n < NB; ++n) sv[n] = _mm512_loadu_ps(ks + d / kKvQ8Chunk * ks_stride + n * kKeyBlock);
     __m512 kv[NB];
     UNROLL for (int n = 0; n < NB; ++n) {
-      kv[n] = kv16<F16>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
+      kv[n] = kv16<KT>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
+      if (KT == KV_Q8_0) kv[n] = _mm512_mul_ps(kv[n], sv[n]);
       // Pin the vector in a register: GCC would otherwise fold the load into each of the RG
       // multiply-adds as a memory operand, RG loads where one will do (docs/tuning.md,
       // "the key vector pinned in a register").
@@ -221,16 +232,19 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
 // For positions j in [j0, j1]: acc[r] += p[r * ls + j - base] v[j] over output elements
 // [i0, i0 + 16 C), masks m. With SOME, only the queries whose own range holds j add; a masked
 // multiply-add leaves the others' sums exactly as if j were skipped. Each V vector load feeds
-// RG multiply-adds; each sum is one chain over j in order.
-template <int RG, int C, bool F16, bool SOME>
+// RG multiply-adds; each sum is one chain over j in order. KV_Q8_0: vs holds the values'
+// scales ([n_pos][head_dim / 32]), each value vector its int8 elements times theirs.
+template <int RG, int C, int KT, bool SOME>
 inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base,
-                        const void* v, int64_t j0, int64_t j1, int64_t head_dim, int64_t i0,
+                        const void* v, const float* vs, int64_t j0, int64_t j1, int64_t head_dim, int64_t i0,
                         const __mmask16 (&m)[C]) {
   for (int64_t j = j0; j <= j1; ++j) {
     const int64_t at = j * head_dim + i0;
     __m512 vv[C];
     UNROLL for (int c = 0; c < C; ++c) {
-      vv[c] = kv16<F16>(v, at + 16 * c, m[c]);
+      vv[c] = kv16<KT>(v, at + 16 * c, m[c]);
+      if (KT == KV_Q8_0)
+        vv[c] = _mm512_mul_ps(vv[c], _mm512_set1_ps(vs[at / kKvQ8Chunk + (16 * c) / kKvQ8Chunk]));
       __asm__("" : "+v"(vv[c]));  // one load for RG multiply-adds, as in score_blocks
     }
     UNROLL for (int r = 0; r < RG; ++r) {
@@ -248,18 +262,18 @@ inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
 // out[r][i0 .. i0 + 16 C) = inv[r] * sum over j in first[r]..last[r] of p[r * ls + j - base] v[j].
 // The positions all RG queries see go through the plain loop; rows of a tile that end (or,
 // with a window, start) at different positions leave a few at either end for the masked one.
-template <int RG, int C, bool F16>
+template <int RG, int C, int KT>
 inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base, const void* v,
-                         int64_t head_dim, int64_t i0, const float* inv) {
+                         const float* vs, int64_t head_dim, int64_t i0, const float* inv) {
   __mmask16 m[C];
   UNROLL for (int c = 0; c < C; ++c) m[c] = lanes(head_dim - i0 - 16 * c);
   __m512 acc[RG][C];
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const AttnReach a = attn_reach(g);
-  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, a.lo, a.all_lo - 1, head_dim, i0, m);
-  weigh_range<RG, C, F16, false>(acc, g, p, ls, base, v, a.all_lo, a.all_hi, head_dim, i0, m);
-  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, a.all_hi + 1, a.hi, head_dim, i0, m);
+  weigh_range<RG, C, KT, true>(acc, g, p, ls, base, v, vs, a.lo, a.all_lo - 1, head_dim, i0, m);
+  weigh_range<RG, C, KT, false>(acc, g, p, ls, base, v, vs, a.all_lo, a.all_hi, head_dim, i0, m);
+  weigh_range<RG, C, KT, true>(acc, g, p, ls, base, v, vs, a.all_hi + 1, a.hi, head_dim, i0, m);
   UNROLL for (int r = 0; r < RG; ++r) {
     const __m512 iv = _mm512_set1_ps(inv[r]);
     UNROLL for (int c = 0; c < C; ++c)
@@ -270,32 +284,34 @@ inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, i
 // RG queries of a tile, numbered from i0 row-major over (row, head) (see AttnTile): scores
 // over the tile's key blocks b0..b1, softmax over each query's own positions, then the
 // weighted sums of V, 64 output elements at a time. s: the group's rows of ls scores.
-template <int RG, bool F16>
+template <int RG, int KT>
 void attend(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, float* s, int64_t ls) {
   const int64_t hd = t.head_dim;
   const AttnQueries<RG> g = attn_queries<RG>(t, i0);
   // Enough blocks per pass for at least four independent chains (the multiply-add latency).
   constexpr int NB = RG >= 3 ? 2 : 4;
-  attn_key_blocks<NB>(t, b0, b1, F16 ? 2 : 4, [&](auto nb, const void* k, int64_t at) {
-    score_blocks<RG, decltype(nb)::value, F16>(g, hd, k, t.scale, s + at, ls);
+  constexpr int elem_bytes = KT == KV_F16 ? 2 : KT == KV_Q8_0 ? 1 : 4;
+  attn_key_blocks<NB>(t, b0, b1, elem_bytes, [&](auto nb, const void* k, int64_t at) {
+    const float* ks = KT == KV_Q8_0 ? t.k_scale + b0 * kKeyBlock + at : nullptr;
+    score_blocks<RG, decltype(nb)::value, KT>(g, hd, k, t.scale, s + at, ls, ks, t.k_scale_stride);
   });
   const int64_t base = b0 * kKeyBlock;
   float inv[RG];
   attn_softmax(g, s, ls, base, inv, [](float* p, int64_t n) { return exp_shift_sum(p, p, n, max_f32(p, n)); });
   for (int64_t i = 0; i < hd; i += 64) {
     const int64_t rest = hd - i;
-    if (rest > 48) weigh_values<RG, 4, F16>(g, s, ls, base, t.v, hd, i, inv);
-    else if (rest > 32) weigh_values<RG, 3, F16>(g, s, ls, base, t.v, hd, i, inv);
-    else if (rest > 16) weigh_values<RG, 2, F16>(g, s, ls, base, t.v, hd, i, inv);
-    else weigh_values<RG, 1, F16>(g, s, ls, base, t.v, hd, i, inv);
+    if (rest > 48) weigh_values<RG, 4, KT>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+    else if (rest > 32) weigh_values<RG, 3, KT>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+    else if (rest > 16) weigh_values<RG, 2, KT>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+    else weigh_values<RG, 1, KT>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
   }
 }
 
 // The tile's queries in register groups (attn_groups).
-template <bool F16>
+template <int KT>
 void attention_avx512(const AttnTile& t) {
   attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
-    attend<decltype(rg)::value, F16>(t, i, b0, b1, s, ls);
+    attend<decltype(rg)::value, KT>(t, i, b0, b1, s, ls);
   });
 }
 
@@ -309,8 +325,9 @@ void fill_ops_avx512(KernelSet& t) {
   t.add_f32 = add_f32_avx512;
   t.softmax_f32 = softmax_f32_avx512;
   t.f32_to_f16 = f32_to_f16_avx512;
-  t.attention[KV_F32] = attention_avx512<false>;
-  t.attention[KV_F16] = attention_avx512<true>;
+  t.attention[KV_F32] = attention_avx512<KV_F32>;
+  t.attention[KV_F16] = attention_avx512<KV_F16>;
+  t.attention[KV_Q8_0] = attention_avx512<KV_Q8_0>;
 }
 
 }  // namespace pyinfer

@@ -82,6 +82,7 @@ class ReplicaConfig:
     n_threads: int = 1  # the replica reserves this many CPUs from Ray
     n_ctx: int = 4096
     precision: str = "fast"
+    kv_dtype: str = "float32"
     max_batch: int = 16
     token_budget: int = TOKEN_BUDGET
     kv_budget_bytes: int | None = None  # default: half the memory available to the replica
