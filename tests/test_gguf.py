@@ -298,7 +298,7 @@ def test_info_cli_reports_default_model(default_model, tmp_path):
     assert info["tied_embeddings"] and info["tokenizer_model"] == "gpt2" and info["tokenizer_pre"] == "smollm"
     assert abs(info["weight_bytes_per_token"] / 1e6 - 96.5) < 0.2
     # K and V, 30 layers x 3 heads x 64, per token.
-    assert info["kv_bytes_per_token"] == {"f32": 46080, "f16": 23040}
+    assert info["kv_bytes_per_token"] == {"f32": 46080, "f16": 23040, "q8_0": 12960}
     text = subprocess.run([sys.executable, "-m", "pyinfer", "info", str(default_model)],
                           check=True, capture_output=True, text=True, cwd=tmp_path).stdout
     assert "272: 210 Q4_1, 61 F32, 1 Q8_0" in text and "96.6 MB of weights per token" in text
