@@ -440,7 +440,7 @@ py::array kv_view(py::object self, int64_t layer, bool values) {
   py::array a;
   if (c.type() == KV_Q8_0) {  // int8 and scales: the elements they stand for, copied out
     a = py::array(kv_dtype(c.type()), shape);
-    c.read_f32(layer, values, static_cast<float*>(a.mutable_data()));
+    c.dequantize_q8(layer, values, static_cast<float*>(a.mutable_data()));
   } else if (values) {
     a = py::array(kv_dtype(c.type()), shape, {c.n_ctx() * c.head_dim() * es, c.head_dim() * es, es}, c.v(layer, 0),
                   self);

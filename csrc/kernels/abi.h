@@ -83,6 +83,8 @@ constexpr int64_t kRopeMaxDim = 1024;
 enum KvType : int { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_TYPE_SLOTS = 3 };
 // Elements per scale of a KV_Q8_0 cache, as GGML's Q8_0 blocks (llama.cpp's -ctk q8_0).
 constexpr int64_t kKvQ8Chunk = 32;
+// Bytes of one cached element (a KV_Q8_0 cache keeps its scales apart).
+constexpr int kv_elem_bytes(int type) { return type == KV_F16 ? 2 : type == KV_Q8_0 ? 1 : 4; }
 
 // Matmul row kernels, y[m*ldy + n] = sum_k x[m, k] * W[n, k] for m < M and n < n_rows: w
 // points at the first of n_rows weight rows of w_row_bytes each (blocks as stored in GGUF),

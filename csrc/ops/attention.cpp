@@ -77,12 +77,10 @@ void attention_range(const AttentionArgs& a, int64_t begin, int64_t end, float* 
     if (last / kKeyBlock == partial) {
       // The kernels read blocks transposed: the tile's rows of the partial block, in scratch.
       const int64_t rows = last % kKeyBlock + 1;
-      if (c.type() == KV_F16)
-        transpose_keys(static_cast<const fp16_t*>(tile.k_last), rows, hd, reinterpret_cast<fp16_t*>(scratch));
-      else if (c.type() == KV_Q8_0)
-        transpose_keys(static_cast<const int8_t*>(tile.k_last), rows, hd, reinterpret_cast<int8_t*>(scratch));
-      else
-        transpose_keys(static_cast<const float*>(tile.k_last), rows, hd, scratch);
+      with_kv_elem(c.type(), [&](auto e) {
+        using T = decltype(e);
+        transpose_keys(static_cast<const T*>(tile.k_last), rows, hd, reinterpret_cast<T*>(scratch));
+      });
       tile.k_last = scratch;
     }
     tile.v = c.v(a.layer, g);

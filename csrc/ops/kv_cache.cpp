@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "kernels/half.h"
 #include "runtime/checked.h"
 #include "runtime/dispatch.h"
 
@@ -105,13 +104,12 @@ KVCache::KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n
       {n_layer, n_head_kv, checked_round_up(n_ctx, kKeyBlock, "KV cache positions rounded to key blocks"), head_dim,
        es},
       "KV cache bytes of K (n_layer * n_head_kv * n_ctx in whole key blocks * head_dim * element size)");
-  checked_add(k_bytes, v_bytes, "KV cache bytes (K + V)");
+  const int64_t kv_bytes = checked_add(k_bytes, v_bytes, "KV cache bytes (K + V)");
   int64_t ks_bytes = 0, vs_bytes = 0;
-  if (type == KV_Q8_0) {
+  if (type == KV_Q8_0) {  // a float scale per kKvQ8Chunk one-byte elements
     vs_bytes = v_bytes / kKvQ8Chunk * static_cast<int64_t>(sizeof(float));
     ks_bytes = k_bytes / kKvQ8Chunk * static_cast<int64_t>(sizeof(float));
-    checked_add(checked_add(k_bytes, v_bytes, "KV cache bytes (K + V)"), checked_add(ks_bytes, vs_bytes, "scales"),
-                "KV cache bytes (K + V and their scales)");
+    checked_add(kv_bytes, ks_bytes + vs_bytes, "KV cache bytes (K + V and their scales)");
   }
   bytes_ = to_size(v_bytes, "KV cache bytes of V");
   scale_bytes_ = to_size(vs_bytes, "KV cache bytes of V's scales");
@@ -162,12 +160,13 @@ void KVCache::append(int64_t layer, const float* k, int64_t k_stride, const floa
   for (int64_t h = 0; h < n_head_kv_; ++h) {
     uint8_t* kd = k_.get() + k_offset(layer, h);
     uint8_t* vd = v_.get() + v_offset(layer, h);
-    if (move && type_ == KV_F16)
-      relayout_keys(reinterpret_cast<fp16_t*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
-    else if (move && type_ == KV_Q8_0)
-      relayout_keys(reinterpret_cast<int8_t*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
-    else if (move)
-      relayout_keys(reinterpret_cast<float*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
+    if (move)
+      with_kv_elem(type_, [&](auto e) {
+        using T = decltype(e);
+        relayout_keys(reinterpret_cast<T*>(kd) + b * block_elems, pos % kKeyBlock, head_dim_, now_rows);
+      });
+    float* kscale = type_ == KV_Q8_0 ? ks_.get() + scale_offset(layer, h, k_scale_stride()) : nullptr;
+    float* vscale = type_ == KV_Q8_0 ? vs_.get() + scale_offset(layer, h, n_ctx_) : nullptr;
     for (int64_t t = 0; t < m; ++t) {
       const float* ks = k + t * k_stride + h * head_dim_;
       const float* vs = v + t * v_stride + h * head_dim_;
@@ -175,8 +174,6 @@ void KVCache::append(int64_t layer, const float* k, int64_t k_stride, const floa
       const bool rows = p / kKeyBlock >= full;
       uint8_t* vr = vd + static_cast<size_t>(p) * row_bytes;
       if (type_ == KV_Q8_0) {
-        float* kscale = ks_.get() + scale_offset(layer, h, k_scale_stride());
-        float* vscale = vs_.get() + scale_offset(layer, h, n_ctx_);
         quantize_q8(ks, head_dim_, k8.data(), kscale + p, k_scale_stride());
         put_key(reinterpret_cast<int8_t*>(kd), p, k8.data(), head_dim_, rows);
         quantize_q8(vs, head_dim_, reinterpret_cast<int8_t*>(vr), vscale + p * nc, 1);
@@ -207,30 +204,25 @@ void KVCache::copy_keys(int64_t layer, void* dst) const {
   }
 }
 
-void KVCache::read_f32(int64_t layer, bool values, float* dst) const {
+void KVCache::dequantize_q8(int64_t layer, bool values, float* dst) const {
   check_layer(layer);
+  if (type_ != KV_Q8_0) throw std::invalid_argument("dequantize_q8: the cache is not Q8_0");
   const int64_t per_head = n_ctx_ * head_dim_, nc = head_dim_ / kKvQ8Chunk;
-  std::vector<uint8_t> keys;
+  std::vector<int8_t> keys;
   if (!values) {
-    keys.resize(static_cast<size_t>(n_head_kv_ * per_head) * elem_size());
+    keys.resize(static_cast<size_t>(n_head_kv_ * per_head));
     copy_keys(layer, keys.data());
   }
   for (int64_t h = 0; h < n_head_kv_; ++h) {
-    const uint8_t* src =
-        values ? v_.get() + v_offset(layer, h) : keys.data() + static_cast<size_t>(h * per_head) * elem_size();
+    const int8_t* src =
+        values ? reinterpret_cast<const int8_t*>(v_.get() + v_offset(layer, h)) : keys.data() + h * per_head;
+    const float* sc = values ? v_scale(layer, h) : k_scale(layer, h);
     float* out = dst + h * per_head;
     for (int64_t p = 0; p < n_ctx_; ++p)
-      for (int64_t i = 0; i < head_dim_; ++i) {
-        const int64_t e = p * head_dim_ + i;
-        if (type_ == KV_F32) {
-          out[e] = reinterpret_cast<const float*>(src)[e];
-        } else if (type_ == KV_F16) {
-          out[e] = fp16_to_f32(reinterpret_cast<const fp16_t*>(src)[e]);
-        } else {
-          const float s = values ? v_scale(layer, h)[p * nc + i / kKvQ8Chunk]
-                                 : k_scale(layer, h)[i / kKvQ8Chunk * k_scale_stride() + p];
-          out[e] = static_cast<float>(reinterpret_cast<const int8_t*>(src)[e]) * s;
-        }
+      for (int64_t c = 0; c < nc; ++c) {
+        const float s = values ? sc[p * nc + c] : sc[c * k_scale_stride() + p];
+        for (int64_t i = c * kKvQ8Chunk; i < (c + 1) * kKvQ8Chunk; ++i)
+          out[p * head_dim_ + i] = static_cast<float>(src[p * head_dim_ + i]) * s;
       }
   }
 }

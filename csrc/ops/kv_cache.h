@@ -34,6 +34,17 @@ void transpose_keys(const T* rows, int64_t n, int64_t hd, T* out) {
     for (int64_t d = 0; d < hd; ++d) out[d * kKeyBlock + r] = rows[r * hd + d];
 }
 
+// f(T{}) with T the element type a cache of `type` stores: float, fp16_t or (Q8_0) int8_t.
+template <class F>
+void with_kv_elem(KvType type, const F& f) {
+  if (type == KV_F16)
+    f(fp16_t{});
+  else if (type == KV_Q8_0)
+    f(int8_t{});
+  else
+    f(float{});
+}
+
 class KVCache {
  public:
   KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n_ctx, KvType type);
@@ -59,9 +70,9 @@ class KVCache {
   // One layer's keys in position order, [n_head_kv][n_ctx][head_dim] elements of the cache's
   // type (positions from n_pos(layer) on hold whatever their storage holds).
   void copy_keys(int64_t layer, void* dst) const;
-  // One layer's keys or values in position order as float32, [n_head_kv][n_ctx][head_dim]:
-  // the elements the attention kernels read (for Q8_0, each int8 times its scale).
-  void read_f32(int64_t layer, bool values, float* dst) const;
+  // Q8_0 only: one layer's keys or values in position order as float32,
+  // [n_head_kv][n_ctx][head_dim], each int8 times its scale (what the attention kernels read).
+  void dequantize_q8(int64_t layer, bool values, float* dst) const;
 
   // Every layer holds the first n positions of src's (a cache of the same shape and type,
   // of any n_ctx >= n, holding at least n positions in every layer), and no more: a shared
@@ -77,7 +88,7 @@ class KVCache {
   int64_t head_dim() const { return head_dim_; }
   int64_t n_ctx() const { return n_ctx_; }
   KvType type() const { return type_; }
-  size_t elem_size() const { return type_ == KV_F16 ? 2 : type_ == KV_Q8_0 ? 1 : 4; }
+  size_t elem_size() const { return static_cast<size_t>(kv_elem_bytes(type_)); }
   // K and V together, n_ctx positions of each, with Q8_0's scales (K's storage also holds up
   // to kKeyBlock - 1 positions of padding per layer and head, left out here).
   size_t nbytes() const { return 2 * bytes_ + 2 * scale_bytes_; }

@@ -11,6 +11,7 @@ from typing import Any, TextIO
 
 from pyinfer.engine import TOKEN_BUDGET
 from pyinfer.errors import GGUFError
+from pyinfer.model import KV_DTYPES
 from pyinfer.registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotFoundError, pull, resolve_model
 from pyinfer.sampling import DEFAULT_PARAMS
 
@@ -70,9 +71,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     kv = None if args.kv_budget_mib is None else int(args.kv_budget_mib * (1 << 20))
     # What each engine loads and how it schedules, whether one process serves or Ray's replicas do.
     engine = {"model": args.model, "n_ctx": args.ctx, "precision": args.precision, "kv_dtype": args.kv_dtype,
-              "max_batch": args.max_batch,
-              "token_budget": args.token_budget, "kv_budget_bytes": kv, "max_queue": args.max_queue,
-              "prefix_cache": not args.no_prefix_cache, "max_body_bytes": args.max_body_bytes}
+              "max_batch": args.max_batch, "token_budget": args.token_budget, "kv_budget_bytes": kv,
+              "max_queue": args.max_queue, "prefix_cache": not args.no_prefix_cache,
+              "max_body_bytes": args.max_body_bytes}
     if args.ray:
         return _serve_ray(args, api_key, engine)
     serve(host=args.host, port=args.port, api_key=api_key, n_threads=args.threads, log_level=args.log_level,
@@ -197,7 +198,7 @@ def _cmd_chat(args: argparse.Namespace) -> int:
 
 
 def _add_kv_dtype(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--kv-dtype", choices=["float32", "float16", "q8_0"], default="float32",
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default="float32",
                    help="KV cache elements: q8_0 takes 0.28x float32's memory, float16 0.5x (default: %(default)s)")
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from pyinfer.arch import UnsupportedModelError, describe
 from pyinfer.chat import builtin_template, has_chat_template
 from pyinfer.gguf import GGUFReader
+from pyinfer.model import KV_ELEMENT_BYTES
 
 
 def _meta(r: GGUFReader, arch: str, key: str, default: Any = None) -> Any:
@@ -82,7 +83,8 @@ def model_info(r: GGUFReader) -> dict[str, Any]:
             for t in r.tensors.values()
         ],
         "weight_bytes_per_token": weight_bytes,
-        "kv_bytes_per_token": ({"f32": kv_elems * 4, "f16": kv_elems * 2, "q8_0": kv_elems * 9 // 8}
+        "kv_bytes_per_token": ({k: int(kv_elems * KV_ELEMENT_BYTES[d])
+                                for k, d in (("f32", "float32"), ("f16", "float16"), ("q8_0", "q8_0"))}
                                if kv_elems else None),
     }
 

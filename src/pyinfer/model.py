@@ -32,6 +32,11 @@ KV_DTYPES = ("float32", "float16", "q8_0")
 KV_ELEMENT_BYTES = {"float32": 4.0, "float16": 2.0, "q8_0": 1.0 + 4.0 / 32}
 
 
+def kv_dtypes_for(head_dim: int) -> tuple[str, ...]:
+    """The KV cache types a model with this head_dim takes: q8_0's scales cover 32 elements."""
+    return KV_DTYPES if head_dim % 32 == 0 else tuple(d for d in KV_DTYPES if d != "q8_0")
+
+
 def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
@@ -260,7 +265,7 @@ class Model:
             self.config = dataclasses.replace(self.config, rope_freq_scale=float(rope_freq_scale))
         self.precision = _check_choice("precision", precision, PRECISIONS)
         self.kv_dtype = _check_choice("kv_dtype", kv_dtype, KV_DTYPES)
-        if self.kv_dtype == "q8_0" and self.config.head_dim % 32 != 0:
+        if self.kv_dtype not in kv_dtypes_for(self.config.head_dim):
             raise ValueError(f"kv_dtype 'q8_0' needs head_dim a multiple of 32 (its scales cover 32 elements); "
                              f"this model's head_dim is {self.config.head_dim}")
         self.n_ctx = _check_positive_int(
@@ -326,9 +331,12 @@ class Model:
     def context_nbytes(self, n_ctx: int, n_batch: int) -> int:
         """Bytes a context of n_ctx positions and n_batch tokens per call allocates: its KV
         cache and its forward-pass scratch."""
+        return self.kv_nbytes(n_ctx) + n_batch * self._row_nbytes()
+
+    def kv_nbytes(self, n_positions: int) -> int:
+        """Bytes of K and V that n_positions cached positions hold, over all layers."""
         c = self.config
-        kv = int(2 * c.n_layer * c.n_head_kv * c.head_dim * n_ctx * KV_ELEMENT_BYTES[self.kv_dtype])
-        return kv + n_batch * self._row_nbytes()
+        return int(2 * c.n_layer * c.n_head_kv * c.head_dim * n_positions * KV_ELEMENT_BYTES[self.kv_dtype])
 
     def _row_nbytes(self) -> int:
         """Forward-pass scratch per token row (the C++ Scratch's buffers)."""

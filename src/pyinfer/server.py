@@ -721,15 +721,14 @@ def load_app(model: str | None = None, *, n_threads: int | None = None, n_ctx: i
 
 def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           n_threads: int | None = None, n_ctx: int = 4096, precision: str = "fast", kv_dtype: str = "float32",
-          max_batch: int = 16,
-          token_budget: int = TOKEN_BUDGET, kv_budget_bytes: int | None = None, max_queue: int = 64,
-          max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info", prefix_cache: bool = True) -> None:
+          max_batch: int = 16, token_budget: int = TOKEN_BUDGET, kv_budget_bytes: int | None = None,
+          max_queue: int = 64, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info",
+          prefix_cache: bool = True) -> None:
     """Load a model and serve it until interrupted (what `pyinfer serve` runs)."""
     import uvicorn
 
     app = load_app(model, n_threads=n_threads, n_ctx=n_ctx, precision=precision, kv_dtype=kv_dtype,
-                   max_batch=max_batch,
-                   token_budget=token_budget, kv_budget_bytes=kv_budget_bytes, max_queue=max_queue,
+                   max_batch=max_batch, token_budget=token_budget, kv_budget_bytes=kv_budget_bytes, max_queue=max_queue,
                    prefix_cache=prefix_cache, api_key=api_key, max_body_bytes=max_body_bytes)
     engine = app.state.engine
     try:

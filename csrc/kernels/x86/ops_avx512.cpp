@@ -244,7 +244,7 @@ inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
     UNROLL for (int c = 0; c < C; ++c) {
       vv[c] = kv16<KT>(v, at + 16 * c, m[c]);
       if (KT == KV_Q8_0)
-        vv[c] = _mm512_mul_ps(vv[c], _mm512_set1_ps(vs[at / kKvQ8Chunk + (16 * c) / kKvQ8Chunk]));
+        vv[c] = _mm512_mul_ps(vv[c], _mm512_set1_ps(vs[(at + 16 * c) / kKvQ8Chunk]));
       __asm__("" : "+v"(vv[c]));  // one load for RG multiply-adds, as in score_blocks
     }
     UNROLL for (int r = 0; r < RG; ++r) {
@@ -290,8 +290,7 @@ void attend(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, float* s, int
   const AttnQueries<RG> g = attn_queries<RG>(t, i0);
   // Enough blocks per pass for at least four independent chains (the multiply-add latency).
   constexpr int NB = RG >= 3 ? 2 : 4;
-  constexpr int elem_bytes = KT == KV_F16 ? 2 : KT == KV_Q8_0 ? 1 : 4;
-  attn_key_blocks<NB>(t, b0, b1, elem_bytes, [&](auto nb, const void* k, int64_t at) {
+  attn_key_blocks<NB>(t, b0, b1, kv_elem_bytes(KT), [&](auto nb, const void* k, int64_t at) {
     const float* ks = KT == KV_Q8_0 ? t.k_scale + b0 * kKeyBlock + at : nullptr;
     score_blocks<RG, decltype(nb)::value, KT>(g, hd, k, t.scale, s + at, ls, ks, t.k_scale_stride);
   });

@@ -17,7 +17,7 @@ from typing import IO, Any, Callable
 
 import pyinfer
 from pyinfer.bandwidth import measure_read_bandwidth
-from pyinfer.model import KV_ELEMENT_BYTES, Context, Model, default_threads
+from pyinfer.model import Context, Model, default_threads
 
 GB = 1e9
 
@@ -127,8 +127,7 @@ class Settings:
 
 def kv_bytes_per_position(model: Model) -> int:
     """Bytes of K and V one cached position holds, over all layers."""
-    c = model.config
-    return int(c.n_layer * c.n_head_kv * c.head_dim * 2 * KV_ELEMENT_BYTES[model.kv_dtype])
+    return model.kv_nbytes(1)
 
 
 def mean_kv_read(model: Model, start: int, n_steps: int) -> float:

@@ -36,7 +36,7 @@ from pyinfer.bench.speculative import study_speculative
 from pyinfer.bench.synthetic import PRESETS, synthetic_model
 from pyinfer.gguf import GGUFReader
 from pyinfer.gguf_types import GGMLType
-from pyinfer.model import Model
+from pyinfer.model import Model, kv_dtypes_for
 from pyinfer.quantize import TARGET_TYPES, ensure_derived
 
 Report = tuple[dict[str, Any], list[str]]
@@ -253,12 +253,10 @@ def study_context(s: Settings) -> Report:
     n_steps = 8 if s.quick else 16
     probe = Model.load(s.model, n_ctx=64)
     top = 256 if s.quick else min(4096, probe.config.n_ctx_train)
-    probe_head_dim = probe.config.head_dim
+    kinds = kv_dtypes_for(probe.config.head_dim)
     del probe
     points = [p for p in ([16, 64, 128, 256] if s.quick else [16, 128, 256, 512, 1024, 2048, 4096]) if p <= top]
     nt = max(s.threads)
-    # q8_0 takes head_dims that are multiples of its 32-element chunks.
-    kinds = ("float32", "float16") + (("q8_0",) if probe_head_dim % 32 == 0 else ())
     models = {kv: Model.load(s.model, n_threads=nt, n_ctx=top + n_steps + 1, kv_dtype=kv) for kv in kinds}
     ctxs = {kv: m.context() for kv, m in models.items()}
     prog = Progress("context", len(points) * (s.repeats * 3 + 1))
