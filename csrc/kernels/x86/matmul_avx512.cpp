@@ -341,7 +341,7 @@ template <int MT>
 PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
                                   int n_valid, const uint8_t* pf) {
   const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
-  __m512 acc[4], acc_min[4];
+  __m512 acc[MT], acc_min[MT];
   for (int c = 0; c < MT; ++c) acc[c] = acc_min[c] = _mm512_setzero_ps();
   for (int64_t ib = 0; ib < nb; ib += 8) {
     const uint8_t* gb = group + ib / 8 * gbb;
@@ -370,7 +370,7 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
         sc_lo = k6_scale(gb, 2 * s);
         sc_hi = k6_scale(gb, 2 * s + 1);
       }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int c = 0; c < MT; ++c) {
         const block_q8a* xb = x + c * nb + ib + s;
         // Two chains, elements 0..15 and 16..31: Q6_K's two sub-blocks, each starting at
@@ -424,11 +424,12 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
                                 int64_t n_rows, float* y, int64_t ldy) {
   const int64_t nb = K / QK8_A;
   const int64_t group_bytes = kPackRows * rb;
-  // Tiles of eight activation rows where a row is short (the 32-element types, K up to
-  // kWideTileMaxK): each group's unpacked quant columns then feed twice the dot steps. On
-  // longer rows the eight rows' blocks and the group crowd the L1 cache, and four per tile
-  // ran faster (docs/tuning.md, "eight activation rows per tile").
-  const bool wide = type_traits(type).block_elems != QK_K && K <= kWideTileMaxK;
+  // Tiles of eight activation rows: each group's unpacked quant columns then feed twice the
+  // dot steps. The 32-element types take them on short rows only (K up to kWideTileMaxK): on
+  // longer ones the eight rows' blocks and the group crowd the L1 cache, and four per tile ran
+  // faster. The K-quants, whose unpacking and scales cost more per block, gain at any K
+  // (docs/tuning.md, "eight activation rows per tile").
+  const bool wide = type_traits(type).block_elems == QK_K || K <= kWideTileMaxK;
   if (M >= 2)  // the first group: all of its lines requested at once, not found one by one
     for (int64_t o = 0; o < group_bytes; o += 64) _mm_prefetch(static_cast<const char*>(w) + o, _MM_HINT_T0);
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
@@ -441,8 +442,7 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
     const uint8_t* pf = n + kPackRows < n_rows ? group + group_bytes : nullptr;
     int64_t m = 0;
     if (wide)
-      for (; m + 8 <= M; m += 8, pf = nullptr)
-        packed_tile<8>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
+      for (; m + 8 <= M; m += 8, pf = nullptr) tile<8>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
     for (; m + 4 <= M; m += 4, pf = nullptr) tile<4>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
     // The last one to three rows in one tile.
     const block_q8a* xr = xq + m * nb;
