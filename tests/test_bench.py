@@ -165,6 +165,9 @@ def test_batch_prefill_peers_formats(bench_out: Path, tiny: Path) -> None:
         assert 0 < r["ttft_s"] and len(r["ttft_s_samples"]) >= 2
     peers = _load(bench_out, "peers")
     assert {r["engine"] for r in peers["rows"]} == {"pyinfer", "pyinfer generate()"} and peers["ratios"] == []
+    # generate() is timed one token per pass, as tg: its default prompt-lookup drafts would
+    # time speculation instead of the loop's own cost.
+    assert [r["draft_tokens"] for r in peers["rows"] if r["engine"] == "pyinfer generate()"] == [0, 0]
     ops = studies.prefill_ops(GGUFReader(tiny), peers["pp_tokens"])
     for r in peers["rows"]:
         if r["engine"] == "pyinfer":

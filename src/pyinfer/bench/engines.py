@@ -70,11 +70,13 @@ class PyinferEngine(Engine):
             chunks.close()
         raise RuntimeError(f"no text in the first {max_tokens} tokens of the reply")
 
-    def generate_rate(self, n: int) -> float:
-        """Decode tokens/s through Model.generate (sampling, stop checks, streaming text)."""
+    def generate_rate(self, n: int) -> tuple[float, int]:
+        """Decode tokens/s through Model.generate (sampling, stop checks, streaming text), one
+        token per pass as tg's steps (no prompt-lookup drafts: the speculative study times
+        those), and the draft tokens it tried (0)."""
         ban = {t: float("-inf") for t in self.model.tokenizer.eot_ids}
-        c = self.model.generate([1], max_tokens=n + 1, temperature=0, logit_bias=ban)
-        return c.timings.decode_tokens_per_s
+        c = self.model.generate([1], max_tokens=n + 1, temperature=0, logit_bias=ban, draft=0)
+        return c.timings.decode_tokens_per_s, c.timings.draft_tokens
 
 
 class LlamaCppEngine(Engine):

@@ -606,6 +606,7 @@ def study_peers(s: Settings) -> Report:
         prog.step("warm up pyinfer")
         samples: dict[str, dict[str, list[float]]] = {e.name: {"pp": [], "tg": []} for e in engines}
         gen: list[float] = []
+        drafted = 0
         for _ in range(s.repeats):
             for e in engines:
                 samples[e.name]["pp"].append(e.pp(prompt))
@@ -613,14 +614,16 @@ def study_peers(s: Settings) -> Report:
                 prog.step(f"{e.name} {nt}t")
             py = engines[0]
             assert isinstance(py, PyinferEngine)
-            gen.append(py.generate_rate(tg))
+            rate, tried = py.generate_rate(tg)
+            gen.append(rate)
+            drafted += tried
         for e in engines:
             rows.append({"engine": e.name, "threads": nt, "pp": median(samples[e.name]["pp"]),
                          "tg": median(samples[e.name]["tg"]), "pp_samples": samples[e.name]["pp"],
                          "tg_samples": samples[e.name]["tg"], **getattr(e, "info", {})})
         bare = rows[-len(engines)]["tg"]
         rows.append({"engine": "pyinfer generate()", "threads": nt, "tg": median(gen), "tg_samples": gen,
-                     "loop_overhead": 1 - median(gen) / bare})
+                     "loop_overhead": 1 - median(gen) / bare, "draft_tokens": drafted})
         first = _ttft(engines, nt, ttft_reps, skipped, prog)
         built = {e.name: e for e in engines}
         for name in [*measured, *(n for n in built if n not in measured)]:
