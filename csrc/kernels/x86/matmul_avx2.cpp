@@ -253,71 +253,129 @@ PYINFER_INLINE __m256i add_split8(int type, __m256i isum, const uint8_t* gb, int
   return _mm256_add_epi32(isum, _mm256_slli_epi32(_mm256_madd_epi16(p, _mm256_set1_epi16(1)), 7));
 }
 
-PYINFER_INLINE __m256i packed_dot8(int type, const uint8_t* gb, int h, const block_q8a* xb) {
-  const int qo = packed_quants_offset(type);
-  const __m256i ones = _mm256_set1_epi16(1);
+// Quant columns 0..7 of rows 8h..8h+7 of a 32-element group-block, unpacked once for every
+// activation row of a tile: Q8_0 signed, the 4- and 5-bit types' unsigned quants.
+PYINFER_INLINE void unpack8(int type, const uint8_t* gb, int h, __m256i* wq) {
   if (type_traits(type).qs_signed) {
-    __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) wq[c] = q_column8(type, gb, h, c);
+    return;
+  }
+  const int qo = packed_quants_offset(type);
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 8
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * c + 32 * h));
+    wq[c] = _mm256_and_si256(v, m4);                            // elements 4c..4c+3
+    wq[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);  // elements 16+4c..
+  }
+  if (type_traits(type).quant_bits == 5) {
+    const __m256i hb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + packed_qh_offset(type) + 32 * h));
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) wq[c] = _mm256_or_si256(wq[c], fifth_bits(hb, c));
+  }
+}
+
+// 8 rows' integer sums of one activation block against unpacked columns wq.
+PYINFER_INLINE __m256i packed_dot8(int type, const __m256i* wq, const uint8_t* gb, int h, const block_q8a* xb) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i isum;
+  if (type_traits(type).qs_signed) {
+    isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
     for (int c = 0; c < 8; ++c) {
-      const __m256i st = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * c + 32 * h));
-      const __m256i q = _mm256_xor_si256(st, _mm256_set1_epi8(static_cast<char>(0x80)));
-      const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(act4(xb, c), q));
+      const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(wq[c]), _mm256_sign_epi8(act4(xb, c), wq[c]));
       isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
     }
-    return add_split8(type, isum, gb, h, xb);
-  }
-  __m256i isum;
-  if (type_traits(type).quant_bits == 5) {
+  } else if (type_traits(type).quant_bits == 5) {
     // Pairs of 5-bit quants by int8 reach 2 * 31 * 127 = 7874: four columns add in int16.
-    __m256i lo = _mm256_setzero_si256(), hi = lo;
-    for (int c = 0; c < 4; ++c) {
-      lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(q_column8(type, gb, h, c), act4(xb, c)));
-      hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(q_column8(type, gb, h, c + 4), act4(xb, c + 4)));
+    __m256i lo = _mm256_maddubs_epi16(wq[0], act4(xb, 0)), hi = _mm256_maddubs_epi16(wq[4], act4(xb, 4));
+#pragma GCC unroll 8
+    for (int c = 1; c < 4; ++c) {
+      lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(wq[c], act4(xb, c)));
+      hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(wq[c + 4], act4(xb, c + 4)));
     }
     isum = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
   } else {
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i s16 = _mm256_setzero_si256();
-    for (int c = 0; c < 4; ++c) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + qo + 64 * c + 32 * h));
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(v, m4), act4(xb, c)));
-      s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), act4(xb, c + 4)));
+    // Two chains of four columns, added in int16 (at most 30480, see above).
+    __m256i a = _mm256_maddubs_epi16(wq[0], act4(xb, 0)), b = _mm256_maddubs_epi16(wq[4], act4(xb, 4));
+#pragma GCC unroll 8
+    for (int c = 1; c < 4; ++c) {
+      a = _mm256_add_epi16(a, _mm256_maddubs_epi16(wq[c], act4(xb, c)));
+      b = _mm256_add_epi16(b, _mm256_maddubs_epi16(wq[c + 4], act4(xb, c + 4)));
     }
-    isum = _mm256_madd_epi16(s16, ones);
+    isum = _mm256_madd_epi16(_mm256_add_epi16(a, b), ones);
   }
   if (type_traits(type).q_bias != 0)
     isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-type_traits(type).q_bias * xb->sum));
   return add_split8(type, isum, gb, h, xb);
 }
 
+// One group-block's lines of the next group, requested ahead into L2.
+PYINFER_INLINE void prefetch_lines(const uint8_t* p, int n) {
+  for (int o = 0; o < n; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
+}
+
+// Rows 8h..8h+7 of a group that hold real rows: how many of them.
+PYINFER_INLINE int half_rows(int n_valid, int h) {
+  const int v = n_valid - 8 * h;
+  return v < 0 ? 0 : v > 8 ? 8 : v;
+}
+
+PYINFER_INLINE void store_rows(__m256 v, float* y, int n) {
+  float out[8];
+  _mm256_storeu_ps(out, v);
+#pragma GCC unroll 8
+  for (int r = 0; r < n; ++r) y[r] = out[r];
+}
+
+// The halves a tile's pass takes: with one activation row both halves of each group-block
+// (one pass over the group's lines, as a GEMV's stream wants); with more, one half over the
+// whole row at a time, so that its unpacked columns stay in registers for all MT rows
+// (16 ymm registers: eight columns, MT accumulators and their minimum terms).
+template <int MT>
+constexpr int kHalvesPerPass = MT == 1 ? 2 : 1;
+
 // 16 rows of W (one group, n_valid of them real) against MT activation rows.
-PYINFER_INLINE void packed_tile(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb, float* y,
-                                int64_t ldy, int n_valid) {
+template <int MT>
+PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
+                                int n_valid, const uint8_t* pf) {
+  constexpr int HP = kHalvesPerPass<MT>;
   const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
-  __m256 acc[2][2], acc_min[2][2];                       // [MT][half]
-  for (int c = 0; c < MT; ++c)
-    for (int h = 0; h < 2; ++h) acc[c][h] = acc_min[c][h] = _mm256_setzero_ps();
-  for (int64_t ib = 0; ib < nb; ++ib) {
-    const uint8_t* gb = group + ib * gbb;
-    for (int h = 0; h < 2; ++h) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
-      __m256 mn = _mm256_setzero_ps();
-      if (type_traits(type).has_min)
-        mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
-      for (int c = 0; c < MT; ++c) {
-        const block_q8a* xb = x + c * nb + ib;
-        const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
-        acc[c][h] = _mm256_add_ps(acc[c][h], _mm256_mul_ps(f, _mm256_cvtepi32_ps(packed_dot8(type, gb, h, xb))));
+  for (int h0 = 0; h0 < 2 && half_rows(n_valid, h0) > 0; h0 += HP) {
+    __m256 acc[MT][HP], acc_min[MT][HP];
+#pragma GCC unroll 8
+    for (int c = 0; c < MT; ++c)
+#pragma GCC unroll 8
+      for (int i = 0; i < HP; ++i) acc[c][i] = acc_min[c][i] = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < nb; ++ib) {
+      const uint8_t* gb = group + ib * gbb;
+      if (pf != nullptr && h0 == 0) prefetch_lines(pf + ib * gbb, gbb);
+#pragma GCC unroll 8
+      for (int i = 0; i < HP; ++i) {
+        const int h = h0 + i;
+        __m256i wq[8];
+        unpack8(type, gb, h, wq);
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
+        __m256 mn = _mm256_setzero_ps();
         if (type_traits(type).has_min)
-          acc_min[c][h] = _mm256_add_ps(acc_min[c][h], _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum)));
+          mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
+#pragma GCC unroll 8
+        for (int c = 0; c < MT; ++c) {
+          const block_q8a* xb = x + c * nb + ib;
+          const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
+          acc[c][i] = _mm256_add_ps(acc[c][i], _mm256_mul_ps(f, _mm256_cvtepi32_ps(packed_dot8(type, wq, gb, h, xb))));
+          if (type_traits(type).has_min)
+            acc_min[c][i] = _mm256_add_ps(acc_min[c][i], _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum)));
+        }
       }
     }
-  }
-  for (int c = 0; c < MT; ++c) {
-    float out[16];
-    for (int h = 0; h < 2; ++h)
-      _mm256_storeu_ps(out + 8 * h, type_traits(type).has_min ? _mm256_add_ps(acc[c][h], acc_min[c][h]) : acc[c][h]);
-    for (int r = 0; r < n_valid; ++r) y[c * ldy + r] = out[r];
+#pragma GCC unroll 8
+    for (int c = 0; c < MT; ++c)
+#pragma GCC unroll 8
+      for (int i = 0; i < HP; ++i)
+        store_rows(type_traits(type).has_min ? _mm256_add_ps(acc[c][i], acc_min[c][i]) : acc[c][i],
+                   y + c * ldy + 8 * (h0 + i), half_rows(n_valid, h0 + i));
   }
 }
 
@@ -376,78 +434,92 @@ PYINFER_INLINE __m256i dot4(const __m256i* wq, const block_q8a* xb, int c0) {
   return _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
 }
 
-// 16 rows of K-quant W against MT activation rows.
-PYINFER_INLINE void packed_tile_k(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb, float* y,
-                                  int64_t ldy, int n_valid) {
+// 16 rows of K-quant W against MT activation rows, the halves taken as in packed_tile.
+template <int MT>
+PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
+                                  int n_valid, const uint8_t* pf) {
+  constexpr int HP = kHalvesPerPass<MT>;
   const int gbb = kPackRows * packed_block_bytes(type);
-  __m256 acc[2][2], acc_min[2][2];  // [MT][half]
-  for (int c = 0; c < MT; ++c)
-    for (int h = 0; h < 2; ++h) acc[c][h] = acc_min[c][h] = _mm256_setzero_ps();
-  for (int64_t ib = 0; ib < nb; ib += 8) {
-    const uint8_t* gb = group + ib / 8 * gbb;
-    for (int h = 0; h < 2; ++h) {
-      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
-      __m256 dmin = _mm256_setzero_ps();
-      __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0;
-      if (type != GGML_Q6_K) {
-        dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
-        const uint8_t* sc = gb + packed_field(type, 2) + 32 * h;
-        c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
-        c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64));
-        c2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 128));
-      }
-      for (int s = 0; s < 8; ++s) {
-        __m256i wq[8];
-        for (int c = 0; c < 8; ++c) wq[c] = k_column(type, gb, h, s, c);
-        __m256 ds = d, mn = dmin;
+  for (int h0 = 0; h0 < 2 && half_rows(n_valid, h0) > 0; h0 += HP) {
+    __m256 acc[MT][HP], acc_min[MT][HP];
+#pragma GCC unroll 8
+    for (int c = 0; c < MT; ++c)
+#pragma GCC unroll 8
+      for (int i = 0; i < HP; ++i) acc[c][i] = acc_min[c][i] = _mm256_setzero_ps();
+    for (int64_t ib = 0; ib < nb; ib += 8) {
+      const uint8_t* gb = group + ib / 8 * gbb;
+      if (pf != nullptr && h0 == 0) prefetch_lines(pf + ib / 8 * gbb, gbb);
+#pragma GCC unroll 8
+      for (int i = 0; i < HP; ++i) {
+        const int h = h0 + i;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
+        __m256 dmin = _mm256_setzero_ps();
+        __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0;
         if (type != GGML_Q6_K) {
-          ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, false)));
-          mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)));
+          dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
+          const uint8_t* sc = gb + packed_field(type, 2) + 32 * h;
+          c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
+          c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64));
+          c2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 128));
         }
-        for (int c = 0; c < MT; ++c) {
-          const block_q8a* xb = x + c * nb + ib + s;
-          __m256i lo = dot4(wq, xb, 0), hi = dot4(wq + 4, xb, 4);
-          if (xb->h4 != 0) {  // 128 * h * q_w[jo], into jo's half
-            const __m256i p =
-                _mm256_madd_epi16(_mm256_maddubs_epi16(k_column(type, gb, h, s, xb->jo / 4), _mm256_set1_epi32(xb->h4)),
-                                  _mm256_set1_epi16(1));
-            if (xb->jo < 16)
-              lo = _mm256_add_epi32(lo, _mm256_slli_epi32(p, 7));
-            else
-              hi = _mm256_add_epi32(hi, _mm256_slli_epi32(p, 7));
-          }
-          __m256i isum;
+#pragma GCC unroll 8
+        for (int s = 0; s < 8; ++s) {
+          __m256i wq[8];
+#pragma GCC unroll 8
+          for (int c = 0; c < 8; ++c) wq[c] = k_column(type, gb, h, s, c);
+          __m256 ds = d, mn = dmin;
           if (type != GGML_Q6_K) {
-            isum = _mm256_add_epi32(lo, hi);
-          } else {  // each sub-block less 32 times its activations' sum, times its scale
-            lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * xb->sum_lo));
-            hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * (xb->sum - xb->sum_lo)));
-            isum = _mm256_add_epi32(_mm256_mullo_epi32(lo, k6_scale(gb, h, 2 * s)),
-                                    _mm256_mullo_epi32(hi, k6_scale(gb, h, 2 * s + 1)));
+            ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, false)));
+            mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)));
           }
-          const __m256 f = _mm256_mul_ps(ds, _mm256_set1_ps(xb->d));
-          acc[c][h] = _mm256_add_ps(acc[c][h], _mm256_mul_ps(f, _mm256_cvtepi32_ps(isum)));
-          if (type != GGML_Q6_K)
-            acc_min[c][h] = _mm256_sub_ps(acc_min[c][h], _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum)));
+#pragma GCC unroll 8
+          for (int c = 0; c < MT; ++c) {
+            const block_q8a* xb = x + c * nb + ib + s;
+            __m256i lo = dot4(wq, xb, 0), hi = dot4(wq + 4, xb, 4);
+            if (xb->h4 != 0) {  // 128 * h * q_w[jo], into jo's half
+              const __m256i p = _mm256_madd_epi16(
+                  _mm256_maddubs_epi16(k_column(type, gb, h, s, xb->jo / 4), _mm256_set1_epi32(xb->h4)),
+                  _mm256_set1_epi16(1));
+              if (xb->jo < 16)
+                lo = _mm256_add_epi32(lo, _mm256_slli_epi32(p, 7));
+              else
+                hi = _mm256_add_epi32(hi, _mm256_slli_epi32(p, 7));
+            }
+            __m256i isum;
+            if (type != GGML_Q6_K) {
+              isum = _mm256_add_epi32(lo, hi);
+            } else {  // each sub-block less 32 times its activations' sum, times its scale
+              lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * xb->sum_lo));
+              hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * (xb->sum - xb->sum_lo)));
+              isum = _mm256_add_epi32(_mm256_mullo_epi32(lo, k6_scale(gb, h, 2 * s)),
+                                      _mm256_mullo_epi32(hi, k6_scale(gb, h, 2 * s + 1)));
+            }
+            const __m256 f = _mm256_mul_ps(ds, _mm256_set1_ps(xb->d));
+            acc[c][i] = _mm256_add_ps(acc[c][i], _mm256_mul_ps(f, _mm256_cvtepi32_ps(isum)));
+            if (type != GGML_Q6_K)
+              acc_min[c][i] = _mm256_sub_ps(acc_min[c][i], _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum)));
+          }
         }
       }
     }
-  }
-  for (int c = 0; c < MT; ++c) {
-    float out[16];
-    for (int h = 0; h < 2; ++h)
-      _mm256_storeu_ps(out + 8 * h, type != GGML_Q6_K ? _mm256_add_ps(acc[c][h], acc_min[c][h]) : acc[c][h]);
-    for (int r = 0; r < n_valid; ++r) y[c * ldy + r] = out[r];
+#pragma GCC unroll 8
+    for (int c = 0; c < MT; ++c)
+#pragma GCC unroll 8
+      for (int i = 0; i < HP; ++i)
+        store_rows(type != GGML_Q6_K ? _mm256_add_ps(acc[c][i], acc_min[c][i]) : acc[c][i], y + c * ldy + 8 * (h0 + i),
+                   half_rows(n_valid, h0 + i));
   }
 }
 
-// One group's tile: the 32-block types' or the K-quants'.
-PYINFER_INLINE void tile(int type, int MT, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
-                         int n_valid) {
+// One group's tile: the 32-block types' or the K-quants'. pf: the next group, fetched ahead
+// while this tile runs (nullptr: none).
+template <int MT>
+PYINFER_INLINE void tile(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
+                         int n_valid, const uint8_t* pf) {
   if (type_traits(type).block_elems == QK_K)
-    packed_tile_k(type, MT, group, x, nb, y, ldy, n_valid);
+    packed_tile_k<MT>(type, group, x, nb, y, ldy, n_valid, pf);
   else
-    packed_tile(type, MT, group, x, nb, y, ldy, n_valid);
+    packed_tile<MT>(type, group, x, nb, y, ldy, n_valid, pf);
 }
 
 PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
@@ -457,9 +529,17 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
     const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
+    // The first tile fetches the next group ahead (docs/tuning.md, "the next group fetched
+    // ahead").
+    const uint8_t* pf = n + kPackRows < n_rows ? group + group_bytes : nullptr;
     int64_t m = 0;
-    for (; m + 2 <= M; m += 2) tile(type, 2, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
-    for (; m < M; ++m) tile(type, 1, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid);
+    for (; m + 4 <= M; m += 4, pf = nullptr) tile<4>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
+    // The last one to three rows in one tile.
+    const block_q8a* xr = xq + m * nb;
+    float* yr = y + m * ldy + n;
+    if (M - m == 3) tile<3>(type, group, xr, nb, yr, ldy, valid, pf);
+    if (M - m == 2) tile<2>(type, group, xr, nb, yr, ldy, valid, pf);
+    if (M - m == 1) tile<1>(type, group, xr, nb, yr, ldy, valid, pf);
   }
 }
 
