@@ -315,6 +315,26 @@ def test_packed_matmul(isa, tname, k, n):
 
 
 @pytest.mark.parametrize("tname", list(QTYPES))
+def test_packed_long_rows(isa, tname):
+    """Rows past 8192 elements with several activation rows: the SIMD kernels keep unpacking
+    in place there instead of copying a group's columns once per call (the copy is meant to
+    stay in L2), and both ways give the scalar kernel's bits, the outliers' split terms
+    included."""
+    w_type, n, k = QTYPES[tname], 19, 8448
+    rng = np.random.default_rng(9)
+    raw = quants.quantize(rng.standard_normal((n, k)).astype(np.float32), w_type)
+    packed = _C.repack(raw, w_type, n, k)
+    x = rng.standard_normal((7, k)).astype(np.float32)
+    x[:, ::97] *= 40.0  # outliers: split activation blocks
+    _C.set_isa("scalar")
+    want = _C.matmul(x, raw, w_type, n, k, precision="fast")
+    _C.set_isa(isa)
+    for m in (4, 7):
+        y = _C.matmul(x[:m], packed, w_type, n, k, precision="fast", packed=True)
+        np.testing.assert_array_equal(y.view(np.uint32), want[:m].view(np.uint32))
+
+
+@pytest.mark.parametrize("tname", list(QTYPES))
 def test_packed_threads_bitwise_identical(isa, tname):
     w_type, n = QTYPES[tname], 1000
     k = k_mid(w_type)

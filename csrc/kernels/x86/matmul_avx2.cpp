@@ -8,12 +8,14 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "kernels/abi.h"
 #include "kernels/kquant_scales.h"
 #include "kernels/packed16.h"
 
 #define PYINFER_INLINE static inline __attribute__((always_inline))
+#define PYINFER_MEMBER inline __attribute__((always_inline))
 
 namespace pyinfer {
 namespace {
@@ -329,56 +331,6 @@ PYINFER_INLINE void store_rows(__m256 v, float* y, int n) {
   for (int r = 0; r < n; ++r) y[r] = out[r];
 }
 
-// The halves a tile's pass takes: with one activation row both halves of each group-block
-// (one pass over the group's lines, as a GEMV's stream wants); with more, one half over the
-// whole row at a time, so that its unpacked columns stay in registers for all MT rows
-// (16 ymm registers: eight columns, MT accumulators and their minimum terms).
-template <int MT>
-constexpr int kHalvesPerPass = MT == 1 ? 2 : 1;
-
-// 16 rows of W (one group, n_valid of them real) against MT activation rows.
-template <int MT>
-PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
-                                int n_valid, const uint8_t* pf) {
-  constexpr int HP = kHalvesPerPass<MT>;
-  const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
-  for (int h0 = 0; h0 < 2 && half_rows(n_valid, h0) > 0; h0 += HP) {
-    __m256 acc[MT][HP], acc_min[MT][HP];
-#pragma GCC unroll 8
-    for (int c = 0; c < MT; ++c)
-#pragma GCC unroll 8
-      for (int i = 0; i < HP; ++i) acc[c][i] = acc_min[c][i] = _mm256_setzero_ps();
-    for (int64_t ib = 0; ib < nb; ++ib) {
-      const uint8_t* gb = group + ib * gbb;
-      if (pf != nullptr && h0 == 0) prefetch_lines(pf + ib * gbb, gbb);
-#pragma GCC unroll 8
-      for (int i = 0; i < HP; ++i) {
-        const int h = h0 + i;
-        __m256i wq[8];
-        unpack8(type, gb, h, wq);
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
-        __m256 mn = _mm256_setzero_ps();
-        if (type_traits(type).has_min)
-          mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
-#pragma GCC unroll 8
-        for (int c = 0; c < MT; ++c) {
-          const block_q8a* xb = x + c * nb + ib;
-          const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
-          acc[c][i] = _mm256_add_ps(acc[c][i], _mm256_mul_ps(f, _mm256_cvtepi32_ps(packed_dot8(type, wq, gb, h, xb))));
-          if (type_traits(type).has_min)
-            acc_min[c][i] = _mm256_add_ps(acc_min[c][i], _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum)));
-        }
-      }
-    }
-#pragma GCC unroll 8
-    for (int c = 0; c < MT; ++c)
-#pragma GCC unroll 8
-      for (int i = 0; i < HP; ++i)
-        store_rows(type_traits(type).has_min ? _mm256_add_ps(acc[c][i], acc_min[c][i]) : acc[c][i],
-                   y + c * ldy + 8 * (h0 + i), half_rows(n_valid, h0 + i));
-  }
-}
-
 // ---- K-quants in the 16-row layout ------------------------------------------------------------
 // As on AVX-512 (matmul_avx512.cpp), each 32-block of a super-block meets its activation block
 // with the scalar spec's float arithmetic per row, on half h of the group (8 rows) at a time.
@@ -434,112 +386,258 @@ PYINFER_INLINE __m256i dot4(const __m256i* wq, const block_q8a* xb, int c0) {
   return _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones));
 }
 
-// 16 rows of K-quant W against MT activation rows, the halves taken as in packed_tile.
+// ---- where a tile finds a group's columns and scales ---------------------------------------
+// A unit is what a tile's dot steps on 8 rows take at a time: half h of one 32-block (for the
+// K-quants, 32-block s of a super-block): eight unsigned quant columns of 32 bytes and the
+// float scale and minimum factor of each row (Q6_K: its two int8 sub-block scales, widened).
+// InPlace unpacks them from the repacked group each time a tile needs them; Copied reads them
+// from a copy that InPlace wrote once for every activation row of a call. Both give the same
+// bytes and the same floats, so the results do not depend on which one a tile reads.
+
+struct InPlace {
+  int type;
+  const uint8_t* group;
+  int gbb;  // bytes of a group-block (a 32-block, or a K-quant super-block)
+
+  PYINFER_MEMBER const uint8_t* gb(int64_t ib) const {
+    return group + (type_traits(type).block_elems == QK_K ? ib / 8 : ib) * gbb;
+  }
+  PYINFER_MEMBER void columns(int64_t ib, int s, int h, __m256i* wq) const {
+    if (type_traits(type).block_elems != QK_K) {
+      unpack8(type, gb(ib), h, wq);
+      return;
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) wq[c] = k_column(type, gb(ib), h, s, c);
+  }
+  // The row scale of the unit (K-quants: d times the sub-block's scale; Q6_K: d) and the
+  // minimum factor (K-quants: dmin times the sub-block's min), as the scalar spec forms them.
+  PYINFER_MEMBER void scales(int64_t ib, int s, int h, __m256* d, __m256* mn) const {
+    const uint8_t* g = gb(ib);
+    *d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + 16 * h)));
+    *mn = _mm256_setzero_ps();
+    if (type_traits(type).block_elems != QK_K) {
+      if (type_traits(type).has_min)
+        *mn = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kPackedMins + 16 * h)));
+      return;
+    }
+    if (type == GGML_Q6_K) return;
+    const uint8_t* sc = g + packed_field(type, 2) + 32 * h;
+    const __m256i c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
+    const __m256i c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64));
+    const __m256i c2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 128));
+    const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kPackedMins + 16 * h)));
+    *d = _mm256_mul_ps(*d, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, false)));
+    *mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)));
+  }
+  // Q6_K: the int8 scales of the unit's two 16-element sub-blocks.
+  PYINFER_MEMBER void k6(int64_t ib, int s, int h, __m256i* lo, __m256i* hi) const {
+    *lo = k6_scale(gb(ib), h, 2 * s);
+    *hi = k6_scale(gb(ib), h, 2 * s + 1);
+  }
+};
+
+// Bytes of one unit in the copy: the columns, then 8 + 8 floats (Q6_K: 8 + 8 int32 scales).
+constexpr int kUnitBytes = 8 * 32 + 16 * 4;
+
+struct Copied {
+  InPlace raw;  // the split terms read the repacked group
+  const uint8_t* units;
+
+  PYINFER_MEMBER const uint8_t* unit(int64_t ib, int h) const { return units + (2 * ib + h) * kUnitBytes; }
+  PYINFER_MEMBER void columns(int64_t ib, int, int h, __m256i* wq) const {
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) wq[c] = _mm256_load_si256(reinterpret_cast<const __m256i*>(unit(ib, h) + 32 * c));
+  }
+  PYINFER_MEMBER void scales(int64_t ib, int, int h, __m256* d, __m256* mn) const {
+    const float* f = reinterpret_cast<const float*>(unit(ib, h) + 256);
+    *d = _mm256_load_ps(f);
+    *mn = _mm256_load_ps(f + 8);
+  }
+  PYINFER_MEMBER void k6(int64_t ib, int, int h, __m256i* lo, __m256i* hi) const {
+    const uint8_t* f = unit(ib, h) + 256;
+    *lo = _mm256_load_si256(reinterpret_cast<const __m256i*>(f));
+    *hi = _mm256_load_si256(reinterpret_cast<const __m256i*>(f + 32));
+  }
+};
+
+// Writes the copy of a group's nb units per half (32-byte aligned dst), fetching the next
+// group (pf, or nullptr) ahead as it goes.
+PYINFER_INLINE void copy_units(const InPlace& src, int64_t nb, uint8_t* dst, const uint8_t* pf) {
+  const bool k = type_traits(src.type).block_elems == QK_K;
+  const int step = k ? 8 : 1;  // 32-blocks per group-block
+  for (int64_t i0 = 0; i0 < nb; i0 += step) {
+    if (pf != nullptr) prefetch_lines(pf + i0 / step * src.gbb, src.gbb);
+#pragma GCC unroll 8
+    for (int s = 0; s < step; ++s)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t ib = i0 + s;
+        uint8_t* u = dst + (2 * ib + h) * kUnitBytes;
+        __m256i wq[8];
+        src.columns(ib, s, h, wq);
+        for (int c = 0; c < 8; ++c) _mm256_store_si256(reinterpret_cast<__m256i*>(u + 32 * c), wq[c]);
+        if (src.type == GGML_Q6_K) {
+          __m256i lo, hi;
+          src.k6(ib, s, h, &lo, &hi);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(u + 256), lo);
+          _mm256_store_si256(reinterpret_cast<__m256i*>(u + 288), hi);
+        } else {
+          __m256 d, mn;
+          src.scales(ib, s, h, &d, &mn);
+          _mm256_store_ps(reinterpret_cast<float*>(u + 256), d);
+          _mm256_store_ps(reinterpret_cast<float*>(u + 288), mn);
+        }
+      }
+  }
+}
+
+// ---- tiles ------------------------------------------------------------------------------------
+
+// The halves a tile's pass takes: with one activation row both halves of each unit (one pass
+// over the group's lines, as a GEMV's stream wants); with more, one half over the whole row at
+// a time, so that its columns stay in registers for all MT rows (16 ymm registers: eight
+// columns, MT accumulators and their minimum terms).
 template <int MT>
-PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
-                                  int n_valid, const uint8_t* pf) {
+constexpr int kHalvesPerPass = MT == 1 ? 2 : 1;
+
+// 8 rows' exact int32 sums of one K-quant unit by an activation block, the split term included.
+PYINFER_INLINE __m256i k_dot(int type, const __m256i* wq, const InPlace& raw, int64_t ib, int s, int h, __m256i k6lo,
+                             __m256i k6hi, const block_q8a* xb) {
+  __m256i lo = dot4(wq, xb, 0), hi = dot4(wq + 4, xb, 4);
+  if (xb->h4 != 0) {  // 128 * h * q_w[jo], into jo's half
+    const __m256i p =
+        _mm256_madd_epi16(_mm256_maddubs_epi16(k_column(type, raw.gb(ib), h, s, xb->jo / 4), _mm256_set1_epi32(xb->h4)),
+                          _mm256_set1_epi16(1));
+    if (xb->jo < 16)
+      lo = _mm256_add_epi32(lo, _mm256_slli_epi32(p, 7));
+    else
+      hi = _mm256_add_epi32(hi, _mm256_slli_epi32(p, 7));
+  }
+  if (type != GGML_Q6_K) return _mm256_add_epi32(lo, hi);
+  // Each sub-block less 32 times its activations' sum, times its scale.
+  lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * xb->sum_lo));
+  hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * (xb->sum - xb->sum_lo)));
+  return _mm256_add_epi32(_mm256_mullo_epi32(lo, k6lo), _mm256_mullo_epi32(hi, k6hi));
+}
+
+// 16 rows of W (one group, n_valid of them real) against MT activation rows, the columns and
+// scales from src (InPlace or Copied). Per row and unit the scalar spec's float arithmetic:
+// acc += (scale * d_x) * isum; the minimum terms (Q4_1, Q5_1: + mn * d_x sum_x; Q4_K, Q5_K:
+// - mn * d_x sum_x) in their own accumulator, added at the end. pf: the next group, fetched
+// ahead (in place only).
+template <int MT, class Src>
+PYINFER_INLINE void packed_tile(int type, const Src& src, const InPlace& raw, const block_q8a* x, int64_t nb, float* y,
+                                int64_t ldy, int n_valid, const uint8_t* pf) {
   constexpr int HP = kHalvesPerPass<MT>;
-  const int gbb = kPackRows * packed_block_bytes(type);
+  const bool kq = type_traits(type).block_elems == QK_K;
+  const bool has_min = type_traits(type).has_min;
   for (int h0 = 0; h0 < 2 && half_rows(n_valid, h0) > 0; h0 += HP) {
     __m256 acc[MT][HP], acc_min[MT][HP];
 #pragma GCC unroll 8
     for (int c = 0; c < MT; ++c)
 #pragma GCC unroll 8
       for (int i = 0; i < HP; ++i) acc[c][i] = acc_min[c][i] = _mm256_setzero_ps();
-    for (int64_t ib = 0; ib < nb; ib += 8) {
-      const uint8_t* gb = group + ib / 8 * gbb;
-      if (pf != nullptr && h0 == 0) prefetch_lines(pf + ib / 8 * gbb, gbb);
+    const int step = kq ? 8 : 1;  // 32-blocks per group-block
+    for (int64_t i0 = 0; i0 < nb; i0 += step) {
+      if (pf != nullptr && h0 == 0) prefetch_lines(pf + i0 / step * raw.gbb, raw.gbb);
 #pragma GCC unroll 8
-      for (int i = 0; i < HP; ++i) {
-        const int h = h0 + i;
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + 16 * h)));
-        __m256 dmin = _mm256_setzero_ps();
-        __m256i c0 = _mm256_setzero_si256(), c1 = c0, c2 = c0;
-        if (type != GGML_Q6_K) {
-          dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kPackedMins + 16 * h)));
-          const uint8_t* sc = gb + packed_field(type, 2) + 32 * h;
-          c0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc));
-          c1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 64));
-          c2 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 128));
-        }
+      for (int s = 0; s < step; ++s)
 #pragma GCC unroll 8
-        for (int s = 0; s < 8; ++s) {
+        for (int i = 0; i < HP; ++i) {
+          const int64_t ib = i0 + s;
+          const int h = h0 + i;
           __m256i wq[8];
-#pragma GCC unroll 8
-          for (int c = 0; c < 8; ++c) wq[c] = k_column(type, gb, h, s, c);
-          __m256 ds = d, mn = dmin;
-          if (type != GGML_Q6_K) {
-            ds = _mm256_mul_ps(d, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, false)));
-            mn = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)));
+          src.columns(ib, s, h, wq);
+          __m256 d = _mm256_setzero_ps(), mn = d;
+          __m256i k6lo = _mm256_setzero_si256(), k6hi = k6lo;
+          if (type == GGML_Q6_K) {
+            src.k6(ib, s, h, &k6lo, &k6hi);
+            raw.scales(ib, s, h, &d, &mn);  // Q6_K's d alone: one conversion
+          } else {
+            src.scales(ib, s, h, &d, &mn);
           }
 #pragma GCC unroll 8
           for (int c = 0; c < MT; ++c) {
-            const block_q8a* xb = x + c * nb + ib + s;
-            __m256i lo = dot4(wq, xb, 0), hi = dot4(wq + 4, xb, 4);
-            if (xb->h4 != 0) {  // 128 * h * q_w[jo], into jo's half
-              const __m256i p = _mm256_madd_epi16(
-                  _mm256_maddubs_epi16(k_column(type, gb, h, s, xb->jo / 4), _mm256_set1_epi32(xb->h4)),
-                  _mm256_set1_epi16(1));
-              if (xb->jo < 16)
-                lo = _mm256_add_epi32(lo, _mm256_slli_epi32(p, 7));
-              else
-                hi = _mm256_add_epi32(hi, _mm256_slli_epi32(p, 7));
-            }
-            __m256i isum;
-            if (type != GGML_Q6_K) {
-              isum = _mm256_add_epi32(lo, hi);
-            } else {  // each sub-block less 32 times its activations' sum, times its scale
-              lo = _mm256_sub_epi32(lo, _mm256_set1_epi32(32 * xb->sum_lo));
-              hi = _mm256_sub_epi32(hi, _mm256_set1_epi32(32 * (xb->sum - xb->sum_lo)));
-              isum = _mm256_add_epi32(_mm256_mullo_epi32(lo, k6_scale(gb, h, 2 * s)),
-                                      _mm256_mullo_epi32(hi, k6_scale(gb, h, 2 * s + 1)));
-            }
-            const __m256 f = _mm256_mul_ps(ds, _mm256_set1_ps(xb->d));
+            const block_q8a* xb = x + c * nb + ib;
+            const __m256i isum =
+                kq ? k_dot(type, wq, raw, ib, s, h, k6lo, k6hi, xb) : packed_dot8(type, wq, raw.gb(ib), h, xb);
+            const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
             acc[c][i] = _mm256_add_ps(acc[c][i], _mm256_mul_ps(f, _mm256_cvtepi32_ps(isum)));
-            if (type != GGML_Q6_K)
-              acc_min[c][i] = _mm256_sub_ps(acc_min[c][i], _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum)));
+            if (has_min) {
+              const __m256 t = _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum));
+              acc_min[c][i] = kq ? _mm256_sub_ps(acc_min[c][i], t) : _mm256_add_ps(acc_min[c][i], t);
+            }
           }
         }
-      }
     }
 #pragma GCC unroll 8
     for (int c = 0; c < MT; ++c)
 #pragma GCC unroll 8
       for (int i = 0; i < HP; ++i)
-        store_rows(type != GGML_Q6_K ? _mm256_add_ps(acc[c][i], acc_min[c][i]) : acc[c][i], y + c * ldy + 8 * (h0 + i),
+        store_rows(has_min ? _mm256_add_ps(acc[c][i], acc_min[c][i]) : acc[c][i], y + c * ldy + 8 * (h0 + i),
                    half_rows(n_valid, h0 + i));
   }
 }
 
-// One group's tile: the 32-block types' or the K-quants'. pf: the next group, fetched ahead
-// while this tile runs (nullptr: none).
-template <int MT>
-PYINFER_INLINE void tile(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
-                         int n_valid, const uint8_t* pf) {
-  if (type_traits(type).block_elems == QK_K)
-    packed_tile_k<MT>(type, group, x, nb, y, ldy, n_valid, pf);
-  else
-    packed_tile<MT>(type, group, x, nb, y, ldy, n_valid, pf);
+// The copy of one group's units for a call's tiles, per thread: grown as needed, never shrunk.
+struct UnitBuffer {
+  uint8_t* p = nullptr;
+  int64_t cap = 0;
+  ~UnitBuffer() { std::free(p); }
+  uint8_t* get(int64_t n) {
+    if (n > cap) {
+      std::free(p);
+      cap = (n + 4095) / 4096 * 4096;
+      p = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(cap)));
+      if (p == nullptr) cap = 0;
+    }
+    return p;
+  }
+};
+
+// Copies pay where a group meets more than one tile of activation rows, on rows whose copy
+// stays in L2 (docs/tuning.md, "columns unpacked once per call").
+constexpr int64_t kCopyMinRows = 5;
+constexpr int64_t kCopyMaxBlocks = 256;
+
+template <int MT, class Src>
+PYINFER_INLINE void tile(int type, const Src& src, const InPlace& raw, const block_q8a* x, int64_t nb, float* y,
+                         int64_t ldy, int n_valid, const uint8_t* pf) {
+  packed_tile<MT>(type, src, raw, x, nb, y, ldy, n_valid, pf);
+}
+
+template <class Src>
+PYINFER_INLINE void group_tiles(int type, const Src& src, const InPlace& raw, const block_q8a* xq, int64_t M,
+                                int64_t nb, float* y, int64_t ldy, int valid, const uint8_t* pf) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4, pf = nullptr) tile<4>(type, src, raw, xq + m * nb, nb, y + m * ldy, ldy, valid, pf);
+  // The last one to three rows in one tile.
+  const block_q8a* xr = xq + m * nb;
+  float* yr = y + m * ldy;
+  if (M - m == 3) tile<3>(type, src, raw, xr, nb, yr, ldy, valid, pf);
+  if (M - m == 2) tile<2>(type, src, raw, xr, nb, yr, ldy, valid, pf);
+  if (M - m == 1) tile<1>(type, src, raw, xr, nb, yr, ldy, valid, pf);
 }
 
 PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
                                 int64_t n_rows, float* y, int64_t ldy) {
+  static thread_local UnitBuffer buffer;
   const int64_t nb = K / QK8_A;
   const int64_t group_bytes = kPackRows * rb;
+  const int gbb = kPackRows * packed_block_bytes(type);
+  uint8_t* units = M >= kCopyMinRows && nb <= kCopyMaxBlocks ? buffer.get(2 * nb * kUnitBytes) : nullptr;
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
     const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
-    // The first tile fetches the next group ahead (docs/tuning.md, "the next group fetched
-    // ahead").
+    // The next group, fetched ahead (docs/tuning.md, "the next group fetched ahead").
     const uint8_t* pf = n + kPackRows < n_rows ? group + group_bytes : nullptr;
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4, pf = nullptr) tile<4>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
-    // The last one to three rows in one tile.
-    const block_q8a* xr = xq + m * nb;
-    float* yr = y + m * ldy + n;
-    if (M - m == 3) tile<3>(type, group, xr, nb, yr, ldy, valid, pf);
-    if (M - m == 2) tile<2>(type, group, xr, nb, yr, ldy, valid, pf);
-    if (M - m == 1) tile<1>(type, group, xr, nb, yr, ldy, valid, pf);
+    const InPlace raw{type, group, gbb};
+    if (units != nullptr) {
+      copy_units(raw, nb, units, pf);
+      group_tiles(type, Copied{raw, units}, raw, xq, M, nb, y + n, ldy, valid, nullptr);
+    } else {
+      group_tiles(type, raw, raw, xq, M, nb, y + n, ldy, valid, pf);
+    }
   }
 }
 
