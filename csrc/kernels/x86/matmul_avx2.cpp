@@ -539,13 +539,18 @@ PYINFER_INLINE void packed_tile(int type, const Src& src, const InPlace& raw, co
       for (int i = 0; i < HP; ++i) acc[c][i] = acc_min[c][i] = _mm256_setzero_ps();
     const int step = kq ? 8 : 1;  // 32-blocks per group-block
     for (int64_t i0 = 0; i0 < nb; i0 += step) {
-      if (pf != nullptr && h0 == 0) prefetch_lines(pf + i0 / step * raw.gbb, raw.gbb);
 #pragma GCC unroll 8
       for (int s = 0; s < step; ++s)
 #pragma GCC unroll 8
         for (int i = 0; i < HP; ++i) {
           const int64_t ib = i0 + s;
           const int h = h0 + i;
+          if (pf != nullptr && h0 == 0 && i == 0) {
+            // The next group-block's lines, a super-block's in eight parts, one per unit: a
+            // burst of 36 (Q4_K) stalled on the fill buffers.
+            const int from = (s * raw.gbb / step + 63) / 64 * 64, to = ((s + 1) * raw.gbb / step + 63) / 64 * 64;
+            prefetch_lines(pf + i0 / step * raw.gbb + from, to - from);
+          }
           __m256i wq[8];
           src.columns(ib, s, h, wq);
           __m256 d = _mm256_setzero_ps(), mn = d;
