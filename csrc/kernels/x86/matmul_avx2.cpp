@@ -546,8 +546,8 @@ PYINFER_INLINE void packed_tile(int type, const Src& src, const InPlace& raw, co
           const int64_t ib = i0 + s;
           const int h = h0 + i;
           if (pf != nullptr && h0 == 0 && i == 0) {
-            // The next group-block's lines, a super-block's in eight parts, one per unit: a
-            // burst of 36 (Q4_K) stalled on the fill buffers.
+            // The next group-block's lines, a super-block's in eight parts, one per unit: one
+            // burst waited on the fill buffers (docs/tuning.md, "fetched ahead in eight parts").
             const int from = (s * raw.gbb / step + 63) / 64 * 64, to = ((s + 1) * raw.gbb / step + 63) / 64 * 64;
             prefetch_lines(pf + i0 / step * raw.gbb + from, to - from);
           }
