@@ -289,33 +289,22 @@ PYINFER_INLINE __m256i packed_dot8(int type, const __m256i* wq, const uint8_t* g
       const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(wq[c]), _mm256_sign_epi8(act4(xb, c), wq[c]));
       isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
     }
-  } else if (type_traits(type).quant_bits == 5) {
-    // Pairs of 5-bit quants by int8 reach 2 * 31 * 127 = 7874: four columns add in int16.
-    __m256i lo = _mm256_maddubs_epi16(wq[0], act4(xb, 0)), hi = _mm256_maddubs_epi16(wq[4], act4(xb, 4));
-#pragma GCC unroll 8
-    for (int c = 1; c < 4; ++c) {
-      lo = _mm256_add_epi16(lo, _mm256_maddubs_epi16(wq[c], act4(xb, c)));
-      hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(wq[c + 4], act4(xb, c + 4)));
-    }
-    isum = _mm256_add_epi32(_mm256_madd_epi16(lo, ones), _mm256_madd_epi16(hi, ones));
   } else {
-    // Two chains of four columns, added in int16 (at most 30480, see above).
+    // Two chains of four columns in int16. 4-bit pairs (at most 30480 over eight columns, see
+    // above) add both chains before one widening; pairs of 5-bit quants by int8 reach
+    // 2 * 31 * 127 = 7874, so four columns are the most one int16 holds: each chain widens.
     __m256i a = _mm256_maddubs_epi16(wq[0], act4(xb, 0)), b = _mm256_maddubs_epi16(wq[4], act4(xb, 4));
 #pragma GCC unroll 8
     for (int c = 1; c < 4; ++c) {
       a = _mm256_add_epi16(a, _mm256_maddubs_epi16(wq[c], act4(xb, c)));
       b = _mm256_add_epi16(b, _mm256_maddubs_epi16(wq[c + 4], act4(xb, c + 4)));
     }
-    isum = _mm256_madd_epi16(_mm256_add_epi16(a, b), ones);
+    isum = type_traits(type).quant_bits == 5 ? _mm256_add_epi32(_mm256_madd_epi16(a, ones), _mm256_madd_epi16(b, ones))
+                                             : _mm256_madd_epi16(_mm256_add_epi16(a, b), ones);
   }
   if (type_traits(type).q_bias != 0)
     isum = _mm256_add_epi32(isum, _mm256_set1_epi32(-type_traits(type).q_bias * xb->sum));
   return add_split8(type, isum, gb, h, xb);
-}
-
-// One group-block's lines of the next group, requested ahead into L2.
-PYINFER_INLINE void prefetch_lines(const uint8_t* p, int n) {
-  for (int o = 0; o < n; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T1);
 }
 
 // Rows 8h..8h+7 of a group that hold real rows: how many of them.
@@ -437,11 +426,19 @@ struct InPlace {
   }
 };
 
+// The next group's lines for unit s of group-block i0 / step (step: 32-blocks per group-block),
+// requested ahead into L2: a K-quant super-block's in eight parts, one per unit, since one burst
+// waited on the fill buffers (docs/tuning.md, "fetched ahead in eight parts").
+PYINFER_INLINE void prefetch_unit(const uint8_t* pf, int gbb, int64_t i0, int s, int step) {
+  const int from = (s * gbb / step + 63) / 64 * 64, to = ((s + 1) * gbb / step + 63) / 64 * 64;
+  for (int o = from; o < to; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(pf + i0 / step * gbb + o), _MM_HINT_T1);
+}
+
 // Bytes of one unit in the copy: the columns, then 8 + 8 floats (Q6_K: 8 + 8 int32 scales).
 constexpr int kUnitBytes = 8 * 32 + 16 * 4;
 
 struct Copied {
-  InPlace raw;  // the split terms read the repacked group
   const uint8_t* units;
 
   PYINFER_MEMBER const uint8_t* unit(int64_t ib, int h) const { return units + (2 * ib + h) * kUnitBytes; }
@@ -467,11 +464,11 @@ PYINFER_INLINE void copy_units(const InPlace& src, int64_t nb, uint8_t* dst, con
   const bool k = type_traits(src.type).block_elems == QK_K;
   const int step = k ? 8 : 1;  // 32-blocks per group-block
   for (int64_t i0 = 0; i0 < nb; i0 += step) {
-    if (pf != nullptr) prefetch_lines(pf + i0 / step * src.gbb, src.gbb);
 #pragma GCC unroll 8
     for (int s = 0; s < step; ++s)
       for (int h = 0; h < 2; ++h) {
         const int64_t ib = i0 + s;
+        if (pf != nullptr && h == 0) prefetch_unit(pf, src.gbb, i0, s, step);
         uint8_t* u = dst + (2 * ib + h) * kUnitBytes;
         __m256i wq[8];
         src.columns(ib, s, h, wq);
@@ -521,7 +518,8 @@ PYINFER_INLINE __m256i k_dot(int type, const __m256i* wq, const InPlace& raw, in
 }
 
 // 16 rows of W (one group, n_valid of them real) against MT activation rows, the columns and
-// scales from src (InPlace or Copied). Per row and unit the scalar spec's float arithmetic:
+// scales from src (InPlace or Copied); raw, the repacked group, serves the split terms and
+// Q6_K's d. Per row and unit the scalar spec's float arithmetic:
 // acc += (scale * d_x) * isum; the minimum terms (Q4_1, Q5_1: + mn * d_x sum_x; Q4_K, Q5_K:
 // - mn * d_x sum_x) in their own accumulator, added at the end. pf: the next group, fetched
 // ahead (in place only).
@@ -545,12 +543,7 @@ PYINFER_INLINE void packed_tile(int type, const Src& src, const InPlace& raw, co
         for (int i = 0; i < HP; ++i) {
           const int64_t ib = i0 + s;
           const int h = h0 + i;
-          if (pf != nullptr && h0 == 0 && i == 0) {
-            // The next group-block's lines, a super-block's in eight parts, one per unit: one
-            // burst waited on the fill buffers (docs/tuning.md, "fetched ahead in eight parts").
-            const int from = (s * raw.gbb / step + 63) / 64 * 64, to = ((s + 1) * raw.gbb / step + 63) / 64 * 64;
-            prefetch_lines(pf + i0 / step * raw.gbb + from, to - from);
-          }
+          if (pf != nullptr && h0 == 0 && i == 0) prefetch_unit(pf, raw.gbb, i0, s, step);
           __m256i wq[8];
           src.columns(ib, s, h, wq);
           __m256 d = _mm256_setzero_ps(), mn = d;
@@ -605,23 +598,17 @@ struct UnitBuffer {
 constexpr int64_t kCopyMinRows = 5;
 constexpr int64_t kCopyMaxBlocks = 256;
 
-template <int MT, class Src>
-PYINFER_INLINE void tile(int type, const Src& src, const InPlace& raw, const block_q8a* x, int64_t nb, float* y,
-                         int64_t ldy, int n_valid, const uint8_t* pf) {
-  packed_tile<MT>(type, src, raw, x, nb, y, ldy, n_valid, pf);
-}
-
 template <class Src>
 PYINFER_INLINE void group_tiles(int type, const Src& src, const InPlace& raw, const block_q8a* xq, int64_t M,
                                 int64_t nb, float* y, int64_t ldy, int valid, const uint8_t* pf) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4, pf = nullptr) tile<4>(type, src, raw, xq + m * nb, nb, y + m * ldy, ldy, valid, pf);
+  for (; m + 4 <= M; m += 4, pf = nullptr) packed_tile<4>(type, src, raw, xq + m * nb, nb, y + m * ldy, ldy, valid, pf);
   // The last one to three rows in one tile.
   const block_q8a* xr = xq + m * nb;
   float* yr = y + m * ldy;
-  if (M - m == 3) tile<3>(type, src, raw, xr, nb, yr, ldy, valid, pf);
-  if (M - m == 2) tile<2>(type, src, raw, xr, nb, yr, ldy, valid, pf);
-  if (M - m == 1) tile<1>(type, src, raw, xr, nb, yr, ldy, valid, pf);
+  if (M - m == 3) packed_tile<3>(type, src, raw, xr, nb, yr, ldy, valid, pf);
+  if (M - m == 2) packed_tile<2>(type, src, raw, xr, nb, yr, ldy, valid, pf);
+  if (M - m == 1) packed_tile<1>(type, src, raw, xr, nb, yr, ldy, valid, pf);
 }
 
 PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
@@ -639,7 +626,7 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
     const InPlace raw{type, group, gbb};
     if (units != nullptr) {
       copy_units(raw, nb, units, pf);
-      group_tiles(type, Copied{raw, units}, raw, xq, M, nb, y + n, ldy, valid, nullptr);
+      group_tiles(type, Copied{units}, raw, xq, M, nb, y + n, ldy, valid, nullptr);
     } else {
       group_tiles(type, raw, raw, xq, M, nb, y + n, ldy, valid, pf);
     }
