@@ -426,15 +426,6 @@ struct InPlace {
   }
 };
 
-// The next group's lines for unit s of group-block i0 / step (step: 32-blocks per group-block),
-// requested ahead into L2: a K-quant super-block's in eight parts, one per unit, since one burst
-// waited on the fill buffers (docs/tuning.md, "fetched ahead in eight parts").
-PYINFER_INLINE void prefetch_unit(const uint8_t* pf, int gbb, int64_t i0, int s, int step) {
-  const int from = (s * gbb / step + 63) / 64 * 64, to = ((s + 1) * gbb / step + 63) / 64 * 64;
-  for (int o = from; o < to; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(pf + i0 / step * gbb + o), _MM_HINT_T1);
-}
-
 // Bytes of one unit in the copy: the columns, then 8 + 8 floats (Q6_K: 8 + 8 int32 scales).
 constexpr int kUnitBytes = 8 * 32 + 16 * 4;
 
@@ -468,7 +459,7 @@ PYINFER_INLINE void copy_units(const InPlace& src, int64_t nb, uint8_t* dst, con
     for (int s = 0; s < step; ++s)
       for (int h = 0; h < 2; ++h) {
         const int64_t ib = i0 + s;
-        if (pf != nullptr && h == 0) prefetch_unit(pf, src.gbb, i0, s, step);
+        if (pf != nullptr && h == 0) prefetch_part(pf, src.gbb, i0, s, step);
         uint8_t* u = dst + (2 * ib + h) * kUnitBytes;
         __m256i wq[8];
         src.columns(ib, s, h, wq);
@@ -543,7 +534,7 @@ PYINFER_INLINE void packed_tile(int type, const Src& src, const InPlace& raw, co
         for (int i = 0; i < HP; ++i) {
           const int64_t ib = i0 + s;
           const int h = h0 + i;
-          if (pf != nullptr && h0 == 0 && i == 0) prefetch_unit(pf, raw.gbb, i0, s, step);
+          if (pf != nullptr && h0 == 0 && i == 0) prefetch_part(pf, raw.gbb, i0, s, step);
           __m256i wq[8];
           src.columns(ib, s, h, wq);
           __m256 d = _mm256_setzero_ps(), mn = d;

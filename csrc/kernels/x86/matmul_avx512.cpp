@@ -345,8 +345,6 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
   for (int c = 0; c < MT; ++c) acc[c] = acc_min[c] = _mm512_setzero_ps();
   for (int64_t ib = 0; ib < nb; ib += 8) {
     const uint8_t* gb = group + ib / 8 * gbb;
-    if (pf != nullptr)
-      for (int o = 0; o < gbb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + ib / 8 * gbb + o), _MM_HINT_T1);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
     __m512 dmin = _mm512_setzero_ps();
     __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0;
@@ -358,6 +356,7 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
     }
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
+      if (pf != nullptr) prefetch_part(pf, gbb, ib, s, 8);  // an eighth of the next super-block
       __m512i wq[8];
 #pragma GCC unroll 8
       for (int c = 0; c < 8; ++c) wq[c] = k_column(type, gb, s, c);
