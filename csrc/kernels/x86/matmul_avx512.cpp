@@ -429,16 +429,21 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
   // faster. The K-quants, whose unpacking and scales cost more per block, gain at any K
   // (docs/tuning.md, "eight activation rows per tile").
   const bool wide = type_traits(type).block_elems == QK_K || K <= kWideTileMaxK;
+  const int bits = type_traits(type).quant_bits;
+  const bool fetch_ahead = M >= 2 || (bits != 4 && bits != 8);
   if (M >= 2)  // the first group: all of its lines requested at once, not found one by one
     for (int64_t o = 0; o < group_bytes; o += 64) _mm_prefetch(static_cast<const char*>(w) + o, _MM_HINT_T0);
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
     const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
     // The first tile fetches the next group ahead: with two or more activation rows the
-    // group's tiles take long enough for the stream to stall on DRAM, and with one the hardware
-    // prefetcher alone leaves part of the read bandwidth unused (docs/tuning.md, "the next
-    // group fetched ahead").
-    const uint8_t* pf = n + kPackRows < n_rows ? group + group_bytes : nullptr;
+    // group's tiles take long enough for the stream to stall on DRAM (docs/tuning.md, "the
+    // next group fetched ahead"). A GEMV over the 4- and 8-bit types reads each group as one
+    // stream, which the hardware prefetcher alone keeps near the read bandwidth and requests
+    // ahead only crowd; the 5- and 6-bit types read a field of high bits beside the quants,
+    // two streams it follows poorly, and keep them ("a GEMV's stream left to the hardware
+    // prefetcher").
+    const uint8_t* pf = fetch_ahead && n + kPackRows < n_rows ? group + group_bytes : nullptr;
     int64_t m = 0;
     if (wide)
       for (; m + 8 <= M; m += 8, pf = nullptr) tile<8>(type, group, xq + m * nb, nb, y + m * ldy + n, ldy, valid, pf);
