@@ -143,8 +143,7 @@ static inline void packed_to_block(uint32_t type, const uint8_t* gb, int r, uint
 // the tile working on part s of the current group: a super-block's lines in eight parts, since
 // one burst of all of them waited on the fill buffers (docs/tuning.md, "fetched ahead in eight
 // parts").
-static inline __attribute__((always_inline)) void prefetch_part(const uint8_t* pf, int gbb, int64_t i0, int s,
-                                                                int step) {
+static inline void prefetch_part(const uint8_t* pf, int gbb, int64_t i0, int s, int step) {
   const int from = (s * gbb / step + 63) / 64 * 64, to = ((s + 1) * gbb / step + 63) / 64 * 64;
   for (int o = from; o < to; o += 64) __builtin_prefetch(pf + i0 / step * gbb + o, 0, 2);
 }

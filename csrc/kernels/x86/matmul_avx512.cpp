@@ -222,8 +222,7 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
   const __m512i m4 = _mm512_set1_epi8(0x0f);
   for (int64_t ib = 0; ib < nb; ++ib) {
     const uint8_t* gb = group + ib * gbb;
-    if (pf != nullptr)
-      for (int o = 0; o < gbb; o += 64) _mm_prefetch(reinterpret_cast<const char*>(pf + ib * gbb + o), _MM_HINT_T1);
+    if (pf != nullptr) prefetch_part(pf, gbb, ib, 0, 1);  // the next group's block ib
     // The weights' unsigned quant columns, unpacked once for the MT activation rows.
     __m512i wq[8];
     if (type_traits(type).qs_signed) {
