@@ -335,6 +335,28 @@ def test_packed_long_rows(isa, tname):
 
 
 @pytest.mark.parametrize("tname", list(QTYPES))
+def test_packed_many_rows(isa, tname):
+    """With 32 or more activation rows the AVX-512 kernels unpack each group of a 5- or 6-bit
+    type or a K-quant once per call into a buffer, and every tile reads that; the row counts
+    here leave every tail tile after the eight-row ones (4 + 1, 4 + 3), the weight rows a
+    partial group, and outliers split activation blocks. Every path, every type, gives the
+    scalar kernel's bits."""
+    w_type, n = QTYPES[tname], 37
+    k = k_mid(w_type)
+    rng = np.random.default_rng(11)
+    raw = quants.quantize(rng.standard_normal((n, k)).astype(np.float32), w_type)
+    packed = _C.repack(raw, w_type, n, k)
+    x = (rng.standard_normal((71, k)) * rng.uniform(0.1, 10.0, (71, 1))).astype(np.float32)
+    x[:, ::53] *= 60.0
+    _C.set_isa("scalar")
+    want = _C.matmul(x, raw, w_type, n, k, precision="fast")
+    _C.set_isa(isa)
+    for m in (37, 71):
+        y = _C.matmul(x[:m], packed, w_type, n, k, precision="fast", packed=True)
+        np.testing.assert_array_equal(y.view(np.uint32), want[:m].view(np.uint32))
+
+
+@pytest.mark.parametrize("tname", list(QTYPES))
 def test_packed_threads_bitwise_identical(isa, tname):
     w_type, n = QTYPES[tname], 1000
     k = k_mid(w_type)

@@ -17,6 +17,7 @@
 // g), so that column g's fifth bits are bit g of each byte, as Q5_K's already are.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
 
 #include "kernels/quant_blocks.h"
 
@@ -147,5 +148,25 @@ static inline void prefetch_part(const uint8_t* pf, int gbb, int64_t i0, int s, 
   const int from = (s * gbb / step + 63) / 64 * 64, to = ((s + 1) * gbb / step + 63) / 64 * 64;
   for (int o = from; o < to; o += 64) __builtin_prefetch(pf + i0 / step * gbb + o, 0, 2);
 }
+
+// The SIMD kernels' copy of one group's unpacked units for a call's tiles, per thread: grown
+// as needed, never shrunk. In an unnamed namespace, so that each ISA's file, compiled with its
+// own flags, keeps its own code, and the linker cannot hand one file's to another's callers.
+namespace {
+struct UnitBuffer {
+  uint8_t* p = nullptr;
+  int64_t cap = 0;
+  ~UnitBuffer() { std::free(p); }
+  uint8_t* get(int64_t n) {
+    if (n > cap) {
+      std::free(p);
+      cap = (n + 4095) / 4096 * 4096;
+      p = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(cap)));
+      if (p == nullptr) cap = 0;
+    }
+    return p;
+  }
+};
+}  // namespace
 
 }  // namespace pyinfer

@@ -568,22 +568,6 @@ PYINFER_INLINE void packed_tile(int type, const Src& src, const InPlace& raw, co
   }
 }
 
-// The copy of one group's units for a call's tiles, per thread: grown as needed, never shrunk.
-struct UnitBuffer {
-  uint8_t* p = nullptr;
-  int64_t cap = 0;
-  ~UnitBuffer() { std::free(p); }
-  uint8_t* get(int64_t n) {
-    if (n > cap) {
-      std::free(p);
-      cap = (n + 4095) / 4096 * 4096;
-      p = static_cast<uint8_t*>(std::aligned_alloc(64, static_cast<size_t>(cap)));
-      if (p == nullptr) cap = 0;
-    }
-    return p;
-  }
-};
-
 // Copies pay where a group meets more than one tile of activation rows, on rows whose copy
 // stays in L2 (docs/tuning.md, "columns unpacked once per call").
 constexpr int64_t kCopyMinRows = 5;

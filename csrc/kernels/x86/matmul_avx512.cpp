@@ -203,11 +203,40 @@ PYINFER_INLINE __m512i q_column(int type, const uint8_t* gb, int g) {
 }
 
 // 128 * h * q_w[jo] of a split activation block (q8_act.h) for the 16 rows: one more dot step
-// on jo's quant column, with h in jo's byte only. The stored offsets (Q8_0's 128, Q4_0's 8,
-// Q5_0's 16) come off with the rest through the block sum, which counts a_jo whole.
-PYINFER_INLINE __m512i split_dot(int type, const uint8_t* gb, const block_q8a* xb) {
-  return _mm512_slli_epi32(
-      _mm512_dpbusd_epi32(_mm512_setzero_si512(), q_column(type, gb, xb->jo / 4), _mm512_set1_epi32(xb->h4)), 7);
+// on jo's quant column col, with h in jo's byte only. The stored offsets (Q8_0's 128, Q4_0's 8,
+// Q5_0's 16, Q6_K's 32) come off with the rest through the block sums, which count a_jo whole.
+PYINFER_INLINE __m512i split_term(__m512i col, const block_q8a* xb) {
+  return _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), col, _mm512_set1_epi32(xb->h4)), 7);
+}
+
+// The MT rows' integer sums of 32-block ib, from its eight unsigned quant columns wq: NA chains
+// of dot steps per row (8 / NA steps each, added at the end), the rows' chains interleaved, so
+// that at least four are in flight (vpdpbusd's latency in steps it could issue). Integer sums
+// do not depend on the order. Q8_0 stores q + 128 and Q4_0 q + 8: each row's first chain
+// starts at -off * sum(a), which takes that off exactly, in every lane. The split terms are
+// the caller's.
+template <int MT>
+PYINFER_INLINE void block_dots(const __m512i (&wq)[8], const block_q8a* x, int64_t nb, int64_t ib, int off,
+                               __m512i (&isum)[MT]) {
+  constexpr int NA = MT >= 4 ? 1 : MT >= 2 ? 2 : 4;
+  __m512i part[MT][NA];
+#pragma GCC unroll 8
+  for (int c = 0; c < MT; ++c) {
+    part[c][0] = _mm512_set1_epi32(-off * x[c * nb + ib].sum);
+#pragma GCC unroll 8
+    for (int a = 1; a < NA; ++a) part[c][a] = _mm512_setzero_si512();
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < 8; ++g)
+#pragma GCC unroll 8
+    for (int c = 0; c < MT; ++c)
+      part[c][g % NA] = _mm512_dpbusd_epi32(part[c][g % NA], wq[g], act4(x + c * nb + ib, g));
+#pragma GCC unroll 8
+  for (int c = 0; c < MT; ++c) {
+#pragma GCC unroll 8
+    for (int a = 1; a < NA; ++a) part[c][0] = _mm512_add_epi32(part[c][0], part[c][a]);
+    isum[c] = part[c][0];
+  }
 }
 
 // 16 rows of W (one group, n_valid of them real) against MT activation rows; pf, if set, is
@@ -242,39 +271,18 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
     __m512 mn = _mm512_setzero_ps();
     if (type_traits(type).has_min)
       mn = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kPackedMins)));
-    // Each row's integer sum is NA chains of dot steps (8 / NA steps each, added at the end),
-    // the MT rows' chains interleaved, so that at least four are in flight (vpdpbusd's latency
-    // in steps it could issue); the split terms follow, behind their branch. Integer sums do
-    // not depend on the order. Q8_0 stores q + 128 and Q4_0 q + 8: each row's first chain
-    // starts at -offset * sum(a), which takes that off exactly, in every lane.
-    constexpr int NA = MT >= 4 ? 1 : MT >= 2 ? 2 : 4;
-    const int off = packed_quant_bias(type);
-    __m512i isum[MT][NA];
-#pragma GCC unroll 8
-    for (int c = 0; c < MT; ++c) {
-      isum[c][0] = _mm512_set1_epi32(-off * x[c * nb + ib].sum);
-#pragma GCC unroll 8
-      for (int a = 1; a < NA; ++a) isum[c][a] = _mm512_setzero_si512();
-    }
-#pragma GCC unroll 8
-    for (int g = 0; g < 8; ++g)
-#pragma GCC unroll 8
-      for (int c = 0; c < MT; ++c)
-        isum[c][g % NA] = _mm512_dpbusd_epi32(isum[c][g % NA], wq[g], act4(x + c * nb + ib, g));
-#pragma GCC unroll 8
-    for (int c = 0; c < MT; ++c)
-#pragma GCC unroll 8
-      for (int a = 1; a < NA; ++a) isum[c][0] = _mm512_add_epi32(isum[c][0], isum[c][a]);
+    __m512i isum[MT];
+    block_dots<MT>(wq, x, nb, ib, packed_quant_bias(type), isum);
 #pragma GCC unroll 8
     for (int c = 0; c < MT; ++c) {
       const block_q8a* xb = x + c * nb + ib;
-      if (xb->h4 != 0) isum[c][0] = _mm512_add_epi32(isum[c][0], split_dot(type, gb, xb));
+      if (xb->h4 != 0) isum[c] = _mm512_add_epi32(isum[c], split_term(q_column(type, gb, xb->jo / 4), xb));
     }
 #pragma GCC unroll 8
     for (int c = 0; c < MT; ++c) {
       const block_q8a* xb = x + c * nb + ib;
       const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
-      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum[c][0])));
+      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum[c])));
       if (type_traits(type).has_min)
         acc_min[c] = _mm512_add_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->dsum)));
     }
@@ -384,9 +392,7 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
           hi = _mm512_dpbusd_epi32(hi, wq[g + 4], act4(xb, g + 4));
         }
         if (xb->h4 != 0) {  // 128 * h * q_w[jo], into jo's half
-          const __m512i sp = _mm512_slli_epi32(
-              _mm512_dpbusd_epi32(_mm512_setzero_si512(), k_column(type, gb, s, xb->jo / 4), _mm512_set1_epi32(xb->h4)),
-              7);
+          const __m512i sp = split_term(k_column(type, gb, s, xb->jo / 4), xb);
           if (xb->jo < 16)
             lo = _mm512_add_epi32(lo, sp);
           else
@@ -405,6 +411,152 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
   for (int c = 0; c < MT; ++c)
     _mm512_mask_storeu_ps(y + c * ldy, k, type != GGML_Q6_K ? _mm512_add_ps(acc[c], acc_min[c]) : acc[c]);
 }
+
+// ---- fast mode on a copy of each group's unpacked units --------------------------------------
+// With more activation rows than one tile takes, each tile of a group would unpack the same
+// quant columns and scales again (a 512-token prefill meets every group 64 times). Instead the
+// group is unpacked once per call into a per-thread buffer, one unit per 32-block: its eight
+// unsigned quant columns (the bytes q_column and k_column give, 16 rows each), the row scale
+// (K-quants: d times the sub-block's scale), and either the minimum factor (Q4_1, Q5_1: m;
+// Q4_K, Q5_K: -(dmin * mn), as the scalar spec forms it) or Q6_K's two sub-block scales as
+// int32. The tiles then read columns as Q8_0's read the group, with the scalar spec's float
+// arithmetic per row and unit: the same results as the in-place tiles, bit for bit.
+
+constexpr int kUnitBytes = 8 * 64 + 3 * 64;  // columns; scale; minimum factor or Q6_K's two
+
+PYINFER_INLINE __m512 negate(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)));
+}
+
+// Writes the units of a group's nb 32-blocks (64-byte aligned dst), fetching the next group (pf,
+// or nullptr) ahead as it goes.
+PYINFER_INLINE void copy_units(int type, const uint8_t* group, int64_t nb, uint8_t* dst, const uint8_t* pf) {
+  const int gbb = kPackRows * packed_block_bytes(type);
+  const bool kq = type_traits(type).block_elems == QK_K;
+  const int step = kq ? 8 : 1;  // 32-blocks per group-block
+  for (int64_t i0 = 0; i0 < nb; i0 += step) {
+    const uint8_t* gb = group + i0 / step * gbb;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+    __m512 m = _mm512_setzero_ps();
+    if (type_traits(type).has_min)  // Q4_1's and Q5_1's m, the K-quants' dmin
+      m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kPackedMins)));
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0;
+    if (kq && type != GGML_Q6_K) {
+      c0 = _mm512_loadu_si512(gb + packed_field(type, 2));
+      c1 = _mm512_loadu_si512(gb + packed_field(type, 2) + 64);
+      c2 = _mm512_loadu_si512(gb + packed_field(type, 2) + 128);
+    }
+#pragma GCC unroll 8
+    for (int s = 0; s < step; ++s) {
+      if (pf != nullptr) prefetch_part(pf, gbb, i0, s, step);
+      uint8_t* u = dst + (i0 + s) * kUnitBytes;
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) _mm512_store_si512(u + 64 * c, kq ? k_column(type, gb, s, c) : q_column(type, gb, c));
+      if (type == GGML_Q6_K) {
+        _mm512_store_ps(u + 512, d);
+        _mm512_store_si512(u + 576, k6_scale(gb, 2 * s));
+        _mm512_store_si512(u + 640, k6_scale(gb, 2 * s + 1));
+      } else if (kq) {
+        _mm512_store_ps(u + 512, _mm512_mul_ps(d, _mm512_cvtepi32_ps(k4_scale(c0, c1, c2, s, false))));
+        _mm512_store_ps(u + 576, negate(_mm512_mul_ps(m, _mm512_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)))));
+      } else {
+        _mm512_store_ps(u + 512, d);
+        _mm512_store_ps(u + 576, m);
+      }
+    }
+  }
+}
+
+// 16 rows of W against MT activation rows from the group's units (see packed_tile). The
+// minimum terms, in their own accumulators as in the spec, are summed in a second pass over
+// the units, which leaves the first pass enough registers for eight rows.
+template <int MT>
+PYINFER_INLINE void copied_tile(int type, const uint8_t* units, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
+                                int n_valid) {
+  const bool q6 = type == GGML_Q6_K;
+  const int off = type_traits(type).block_elems == QK_K ? 0 : packed_quant_bias(type);
+  __m512 acc[MT];
+  for (int c = 0; c < MT; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t ib = 0; ib < nb; ++ib) {
+    const uint8_t* u = units + ib * kUnitBytes;
+    __m512i wq[8];
+#pragma GCC unroll 8
+    for (int c = 0; c < 8; ++c) wq[c] = _mm512_load_si512(u + 64 * c);
+    const __m512 d = _mm512_load_ps(u + 512);
+    __m512i isum[MT];
+    if (q6) {
+      const __m512i sc_lo = _mm512_load_si512(u + 576), sc_hi = _mm512_load_si512(u + 640);
+#pragma GCC unroll 8
+      for (int c = 0; c < MT; ++c) {
+        const block_q8a* xb = x + c * nb + ib;
+        __m512i lo = _mm512_set1_epi32(-32 * xb->sum_lo), hi = _mm512_set1_epi32(-32 * (xb->sum - xb->sum_lo));
+#pragma GCC unroll 4
+        for (int g = 0; g < 4; ++g) {
+          lo = _mm512_dpbusd_epi32(lo, wq[g], act4(xb, g));
+          hi = _mm512_dpbusd_epi32(hi, wq[g + 4], act4(xb, g + 4));
+        }
+        if (xb->h4 != 0) {  // 128 * h * q_w[jo], into jo's half
+          const __m512i sp = split_term(_mm512_load_si512(u + 64 * (xb->jo / 4)), xb);
+          if (xb->jo < 16)
+            lo = _mm512_add_epi32(lo, sp);
+          else
+            hi = _mm512_add_epi32(hi, sp);
+        }
+        isum[c] = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo), _mm512_mullo_epi32(hi, sc_hi));
+      }
+    } else {
+      block_dots<MT>(wq, x, nb, ib, off, isum);
+#pragma GCC unroll 8
+      for (int c = 0; c < MT; ++c) {
+        const block_q8a* xb = x + c * nb + ib;
+        if (xb->h4 != 0) isum[c] = _mm512_add_epi32(isum[c], split_term(_mm512_load_si512(u + 64 * (xb->jo / 4)), xb));
+      }
+    }
+#pragma GCC unroll 8
+    for (int c = 0; c < MT; ++c) {
+      const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(x[c * nb + ib].d));
+      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum[c])));
+    }
+  }
+  if (type_traits(type).has_min) {
+    __m512 acc_min[MT];
+    for (int c = 0; c < MT; ++c) acc_min[c] = _mm512_setzero_ps();
+    for (int64_t ib = 0; ib < nb; ++ib) {
+      const __m512 m = _mm512_load_ps(units + ib * kUnitBytes + 576);
+#pragma GCC unroll 8
+      for (int c = 0; c < MT; ++c)
+        acc_min[c] = _mm512_add_ps(acc_min[c], _mm512_mul_ps(m, _mm512_set1_ps(x[c * nb + ib].dsum)));
+    }
+    for (int c = 0; c < MT; ++c) acc[c] = _mm512_add_ps(acc[c], acc_min[c]);
+  }
+  const __mmask16 k = static_cast<__mmask16>((1u << n_valid) - 1);
+  for (int c = 0; c < MT; ++c) _mm512_mask_storeu_ps(y + c * ldy, k, acc[c]);
+}
+
+// A group's tiles over its copied units: eight rows at a time, then the last one to seven.
+PYINFER_INLINE void copied_rows(int type, const uint8_t* units, const block_q8a* xq, int64_t M, int64_t nb, float* y,
+                                int64_t ldy, int valid) {
+  int64_t m = 0;
+  for (; m + 8 <= M; m += 8) copied_tile<8>(type, units, xq + m * nb, nb, y + m * ldy, ldy, valid);
+  for (; m + 4 <= M; m += 4) copied_tile<4>(type, units, xq + m * nb, nb, y + m * ldy, ldy, valid);
+  const block_q8a* xr = xq + m * nb;
+  float* yr = y + m * ldy;
+  if (M - m == 3) copied_tile<3>(type, units, xr, nb, yr, ldy, valid);
+  if (M - m == 2) copied_tile<2>(type, units, xr, nb, yr, ldy, valid);
+  if (M - m == 1) copied_tile<1>(type, units, xr, nb, yr, ldy, valid);
+}
+
+// The copy pays for the types whose unpacking costs most, the 5- and 6-bit types and the
+// K-quants (their high bits, their 6-bit scales), where a group meets four or more eight-row
+// tiles (docs/tuning.md, "AVX-512 packed fast matmul: columns unpacked once per call"). Q8_0's
+// stored quants are its columns, and Q4_0's and Q4_1's a mask and a shift away: they stay in
+// place. The copy of a group is meant to stay in L2: rows of at most kCopyMaxBlocks 32-blocks.
+static constexpr bool copies_units(int type) {
+  const int bits = type_traits(type).quant_bits;
+  return bits == 5 || bits == 6 || type_traits(type).block_elems == QK_K;
+}
+constexpr int64_t kCopyMinRows = 32;
+constexpr int64_t kCopyMaxBlocks = 256;
 
 // One group's tile of MT activation rows: the 32-block types' or the K-quants'.
 template <int MT>
@@ -432,9 +584,17 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
   const bool fetch_ahead = M >= 2 || (bits != 4 && bits != 8);
   if (M >= 2)  // the first group: all of its lines requested at once, not found one by one
     for (int64_t o = 0; o < group_bytes; o += 64) _mm_prefetch(static_cast<const char*>(w) + o, _MM_HINT_T0);
+  static thread_local UnitBuffer buffer;
+  const bool copy = copies_units(type) && M >= kCopyMinRows && nb <= kCopyMaxBlocks;
+  uint8_t* units = copy ? buffer.get(nb * kUnitBytes) : nullptr;
   for (int64_t n = 0; n < n_rows; n += kPackRows) {
     const uint8_t* group = static_cast<const uint8_t*>(w) + n / kPackRows * group_bytes;
     const int valid = n_rows - n < kPackRows ? static_cast<int>(n_rows - n) : kPackRows;
+    if (units != nullptr) {
+      copy_units(type, group, nb, units, n + kPackRows < n_rows ? group + group_bytes : nullptr);
+      copied_rows(type, units, xq, M, nb, y + n, ldy, valid);
+      continue;
+    }
     // The first tile fetches the next group ahead: with two or more activation rows the
     // group's tiles take long enough for the stream to stall on DRAM (docs/tuning.md, "the
     // next group fetched ahead"). A GEMV over the 4- and 8-bit types reads each group as one
