@@ -348,6 +348,9 @@ template <int MT>
 PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
                                   int n_valid, const uint8_t* pf) {
   const int gbb = kPackRows * packed_block_bytes(type);  // bytes of a group-block
+  // With four or more rows, Q4_K's and Q5_K's minimum terms are summed in a second pass over
+  // the group: in the first, their accumulators and factors would crowd out the columns.
+  constexpr bool kMinsAfter = MT >= 4;
   __m512 acc[MT], acc_min[MT];
   for (int c = 0; c < MT; ++c) acc[c] = acc_min[c] = _mm512_setzero_ps();
   for (int64_t ib = 0; ib < nb; ib += 8) {
@@ -371,7 +374,7 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
       __m512i sc_lo = _mm512_setzero_si512(), sc_hi = sc_lo;
       if (type != GGML_Q6_K) {
         ds = _mm512_mul_ps(d, _mm512_cvtepi32_ps(k4_scale(c0, c1, c2, s, false)));
-        mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)));
+        if (!kMinsAfter) mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)));
       } else {
         sc_lo = k6_scale(gb, 2 * s);
         sc_hi = k6_scale(gb, 2 * s + 1);
@@ -403,10 +406,25 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
                                  : _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo), _mm512_mullo_epi32(hi, sc_hi));
         const __m512 f = _mm512_mul_ps(ds, _mm512_set1_ps(xb->d));
         acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum)));
-        if (type != GGML_Q6_K) acc_min[c] = _mm512_sub_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->dsum)));
+        if (type != GGML_Q6_K && !kMinsAfter)
+          acc_min[c] = _mm512_sub_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->dsum)));
       }
     }
   }
+  if (type != GGML_Q6_K && kMinsAfter)  // the same terms in the same order, with the registers free
+    for (int64_t ib = 0; ib < nb; ib += 8) {
+      const uint8_t* gb = group + ib / 8 * gbb;
+      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb + kPackedMins)));
+      const __m512i c1 = _mm512_loadu_si512(gb + packed_field(type, 2) + 64);
+      const __m512i c2 = _mm512_loadu_si512(gb + packed_field(type, 2) + 128);
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {
+        const __m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(k4_scale(_mm512_setzero_si512(), c1, c2, s, true)));
+#pragma GCC unroll 8
+        for (int c = 0; c < MT; ++c)
+          acc_min[c] = _mm512_sub_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(x[c * nb + ib + s].dsum)));
+      }
+    }
   const __mmask16 k = static_cast<__mmask16>((1u << n_valid) - 1);
   for (int c = 0; c < MT; ++c)
     _mm512_mask_storeu_ps(y + c * ldy, k, type != GGML_Q6_K ? _mm512_add_ps(acc[c], acc_min[c]) : acc[c]);
