@@ -20,6 +20,7 @@ from pyinfer.bench.common import median
 from pyinfer.bench.engines import parse_llama_bench
 from pyinfer.bench.synthetic import PRESETS, write_synthetic_llama
 from pyinfer.gguf import GGUFReader
+from pyinfer.gguf_types import GGMLType
 from pyinfer.model import Model
 from pyinfer.quantize import TARGET_TYPES, derived_path, quantize_model
 
@@ -241,6 +242,15 @@ def test_int8_slots_per_token(tiny: Path, tmp_path: Path) -> None:
     f16 = tmp_path / "tiny.f16.gguf"
     quantize_model(tiny, f16, "f16")
     assert studies.int8_slots_per_token(GGUFReader(f16)) is None
+    # The 5- and 6-bit types and the K-quants count too: a Q4_K_M mix has a ceiling.
+    km = tmp_path / "tiny.q4_k_m.gguf"
+    quantize_model(tiny, km, "q4_k_m")
+    rk = GGUFReader(km)
+    kmats = [t for n, t in rk.tensors.items() if n.startswith("blk.") and len(t.shape) == 2]
+    kmats.append(rk.tensors.get("output.weight") or rk.tensors["token_embd.weight"])
+    assert GGMLType.Q4_K in {t.type for t in kmats}
+    assert studies.int8_slots_per_token(rk) == pytest.approx(sum(t.n_elements * studies.INT8_SLOTS[t.type]
+                                                                 for t in kmats))
 
 
 def test_llama_bench_json_is_parsed() -> None:

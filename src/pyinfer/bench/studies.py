@@ -291,11 +291,15 @@ def study_context(s: Settings) -> Report:
 
 
 # The AVX-512 fast kernels' arithmetic for one 32-element block of one activation row against
-# 16 weight rows: 8 vpdpbusd, and the float multiplies that scale the block's integer sums
-# (d_w * d_a, then times the sum; Q4_1 adds m_w * d_a * sum(a)). The multiplies issue on the
-# pipes the dot products use, a slot each (Zen 4: one vmulps per four vpdpbusd cuts their rate
-# by a fifth), so a multiply-add of these types costs 10/8 or 11/8 of a dot-product slot.
-INT8_SLOTS = {GGMLType.Q8_0: 10 / 8, GGMLType.Q4_0: 10 / 8, GGMLType.Q4_1: 11 / 8}
+# 16 weight rows: 8 vpdpbusd, and the multiplies that scale the block's integer sums (d_w * d_a,
+# then times the sum; the types with a minimum add m_w * d_a * sum(a); Q6_K first multiplies
+# its two 16-element sums by their int8 scales). The multiplies issue on the pipes the dot
+# products use, a slot each (Zen 4: one vmulps per four vpdpbusd cuts their rate by a fifth),
+# so a multiply-add costs 10/8 to 12/8 of a dot-product slot. Unpacking is not counted: with
+# many rows a group's columns are unpacked once for all of them.
+INT8_SLOTS = {GGMLType.Q8_0: 10 / 8, GGMLType.Q4_0: 10 / 8, GGMLType.Q4_1: 11 / 8,
+              GGMLType.Q5_0: 10 / 8, GGMLType.Q5_1: 11 / 8, GGMLType.Q4_K: 11 / 8,
+              GGMLType.Q5_K: 11 / 8, GGMLType.Q6_K: 12 / 8}
 
 
 def int8_slots_per_token(r: GGUFReader) -> float | None:
@@ -408,7 +412,7 @@ def study_batch(s: Settings) -> Report:
         md[-1] += (f", and at most {ceil['int8_tokens_per_s']:.0f} tok/s from arithmetic: the int8 peak "
                    f"({ceil['int8_peak_gops_per_core']:.0f} GOP/s per core) over the dot-product issue slots a token's "
                    f"matmuls take ({ceil['int8_slots_per_token'] / 1e6:.1f} M multiply-adds' worth: 8 dot steps and "
-                   "2 or 3 float multiplies per block of 32 and 16 weight rows)")
+                   "2 to 4 multiplies per block of 32 and 16 weight rows)")
     md[-1] += "."
     base = next((r for r in rows if r["mode"] == modes[0] and r["batch"] == 1), None)
     big = next((r for r in rows if r["mode"] == modes[0] and r["batch"] == 16), None)
