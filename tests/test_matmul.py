@@ -336,11 +336,12 @@ def test_packed_long_rows(isa, tname):
 
 @pytest.mark.parametrize("tname", list(QTYPES))
 def test_packed_many_rows(isa, tname):
-    """With 32 or more activation rows the AVX-512 kernels unpack each group of a 5- or 6-bit
-    type or a K-quant once per call into a buffer, and every tile reads that; the row counts
-    here leave every tail tile after the eight-row ones (4 + 1, 4 + 3), the weight rows a
-    partial group, and outliers split activation blocks. Every path, every type, gives the
-    scalar kernel's bits."""
+    """With 32 to 64 activation rows in a kernel call (calls take 64 at most) the AVX-512
+    kernels unpack each group of a 5- or 6-bit type or a K-quant once per call into a buffer,
+    and every tile reads that. The row counts leave every tail tile after the eight-row ones
+    (35: 3, 38: 4 + 2, 45: 4 + 1), and 71 is a full call of 64 and seven rows in place; the
+    weight rows end in a partial group, and outliers split activation blocks. Every path,
+    every type, gives the scalar kernel's bits."""
     w_type, n = QTYPES[tname], 37
     k = k_mid(w_type)
     rng = np.random.default_rng(11)
@@ -351,7 +352,7 @@ def test_packed_many_rows(isa, tname):
     _C.set_isa("scalar")
     want = _C.matmul(x, raw, w_type, n, k, precision="fast")
     _C.set_isa(isa)
-    for m in (37, 71):
+    for m in (35, 38, 45, 71):
         y = _C.matmul(x[:m], packed, w_type, n, k, precision="fast", packed=True)
         np.testing.assert_array_equal(y.view(np.uint32), want[:m].view(np.uint32))
 

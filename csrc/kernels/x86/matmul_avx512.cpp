@@ -432,7 +432,7 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
 
 // ---- fast mode on a copy of each group's unpacked units --------------------------------------
 // With more activation rows than one tile takes, each tile of a group would unpack the same
-// quant columns and scales again (a 512-token prefill meets every group 64 times). Instead the
+// quant columns and scales again (a call of 64 prefill rows meets every group eight times). Instead the
 // group is unpacked once per call into a per-thread buffer, one unit per 32-block: its eight
 // unsigned quant columns (the bytes q_column and k_column give, 16 rows each), the row scale
 // (K-quants: d times the sub-block's scale), and either the minimum factor (Q4_1, Q5_1: m;
