@@ -479,7 +479,7 @@ PYINFER_INLINE void copy_units(int type, const uint8_t* group, int64_t nb, uint8
         _mm512_store_ps(u + 576, negate(_mm512_mul_ps(m, _mm512_cvtepi32_ps(k4_scale(c0, c1, c2, s, true)))));
       } else {
         _mm512_store_ps(u + 512, d);
-        _mm512_store_ps(u + 576, m);
+        if (type_traits(type).has_min) _mm512_store_ps(u + 576, m);  // read only where there is one
       }
     }
   }
@@ -492,7 +492,6 @@ template <int MT>
 PYINFER_INLINE void copied_tile(int type, const uint8_t* units, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
                                 int n_valid) {
   const bool q6 = type == GGML_Q6_K;
-  const int off = type_traits(type).block_elems == QK_K ? 0 : packed_quant_bias(type);
   __m512 acc[MT];
   for (int c = 0; c < MT; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t ib = 0; ib < nb; ++ib) {
@@ -523,7 +522,7 @@ PYINFER_INLINE void copied_tile(int type, const uint8_t* units, const block_q8a*
         isum[c] = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo), _mm512_mullo_epi32(hi, sc_hi));
       }
     } else {
-      block_dots<MT>(wq, x, nb, ib, off, isum);
+      block_dots<MT>(wq, x, nb, ib, packed_quant_bias(type), isum);  // Q4_K, Q5_K: no offset
 #pragma GCC unroll 8
       for (int c = 0; c < MT; ++c) {
         const block_q8a* xb = x + c * nb + ib;
