@@ -15,6 +15,7 @@ const char* isa_name(Isa isa) {
     case Isa::scalar: return "scalar";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
+    case Isa::amx: return "amx";
   }
   return "?";
 }
@@ -23,7 +24,8 @@ Isa parse_isa(const std::string& name) {
   if (name == "scalar") return Isa::scalar;
   if (name == "avx2") return Isa::avx2;
   if (name == "avx512") return Isa::avx512;
-  throw std::invalid_argument("unknown ISA path '" + name + "': expected scalar, avx2 or avx512");
+  if (name == "amx") return Isa::amx;
+  throw std::invalid_argument("unknown ISA path '" + name + "': expected scalar, avx2, avx512 or amx");
 }
 
 namespace {
@@ -35,6 +37,7 @@ bool supported(Isa isa) {
 #if PYINFER_X86
     case Isa::avx2: return f.can_avx2();
     case Isa::avx512: return f.can_avx512();
+    case Isa::amx: return f.can_amx();
 #endif
     default: (void)f; return false;
   }
@@ -53,7 +56,7 @@ KernelTable make_table(Isa isa) {
     fill_ops_avx2(t);
     fill_matmul_avx2(t);
   }
-  if (isa == Isa::avx512) {
+  if (isa == Isa::avx512 || isa == Isa::amx) {
     fill_dequant_avx2(t);
     fill_ops_avx2(t);
     fill_matmul_avx2(t);
@@ -61,12 +64,14 @@ KernelTable make_table(Isa isa) {
     fill_ops_avx512(t);
     fill_matmul_avx512(t);
   }
+  if (isa == Isa::amx) fill_matmul_amx(t);  // over the AVX-512 set: its kernels serve what AMX leaves
 #endif
   t.isa = isa;
   return t;
 }
 
 Isa best_isa() {
+  if (supported(Isa::amx)) return Isa::amx;
   if (supported(Isa::avx512)) return Isa::avx512;
   if (supported(Isa::avx2)) return Isa::avx2;
   return Isa::scalar;
@@ -99,9 +104,11 @@ const KernelTable& kernels_for(Isa isa) {
   static const KernelTable scalar = make_table(Isa::scalar);
   static const KernelTable avx2 = supported(Isa::avx2) ? make_table(Isa::avx2) : scalar;
   static const KernelTable avx512 = supported(Isa::avx512) ? make_table(Isa::avx512) : scalar;
+  static const KernelTable amx = supported(Isa::amx) ? make_table(Isa::amx) : scalar;
   switch (isa) {
     case Isa::avx2: return avx2;
     case Isa::avx512: return avx512;
+    case Isa::amx: return amx;
     default: return scalar;
   }
 }
