@@ -70,8 +70,10 @@ KernelTable make_table(Isa isa) {
   return t;
 }
 
+// The AMX path is taken only when asked for (PYINFER_ISA=amx, set_isa): its tile products beat
+// the AVX-512 kernels on a kernel call, yet a whole prefill or batched step ran slower on it
+// (docs/tuning.md, "AMX tiles: opt-in").
 Isa best_isa() {
-  if (supported(Isa::amx)) return Isa::amx;
   if (supported(Isa::avx512)) return Isa::avx512;
   if (supported(Isa::avx2)) return Isa::avx2;
   return Isa::scalar;
