@@ -42,9 +42,6 @@ py::dict cpu_info() {
   features["avx512_vnni"] = f.avx512_vnni;
   features["avx512_bf16"] = f.avx512_bf16;
   features["avx_vnni"] = f.avx_vnni;
-  features["amx_tile"] = f.amx_tile;
-  features["amx_int8"] = f.amx_int8;
-  features["os_amx"] = f.os_amx;
   features["os_avx"] = f.os_avx;
   features["os_avx512"] = f.os_avx512;
   py::list available;
@@ -52,14 +49,12 @@ py::dict cpu_info() {
 #if PYINFER_X86
   if (f.can_avx2()) available.append("avx2");
   if (f.can_avx512()) available.append("avx512");
-  if (f.can_amx()) available.append("amx");
 #endif
   py::list compiled;
   compiled.append("scalar");
 #if PYINFER_X86
   compiled.append("avx2");
   compiled.append("avx512");
-  compiled.append("amx");
 #endif
   py::dict out;
   out["features"] = features;

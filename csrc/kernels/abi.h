@@ -131,7 +131,6 @@ void fill_ops_avx2(KernelSet& t);
 void fill_ops_avx512(KernelSet& t);
 void fill_matmul_avx2(KernelSet& t);
 void fill_matmul_avx512(KernelSet& t);
-void fill_matmul_amx(KernelSet& t);  // over an AVX-512 set: the packed fast matmul on AMX tiles
 #endif
 
 }  // namespace pyinfer

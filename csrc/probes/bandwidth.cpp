@@ -39,7 +39,7 @@ ReadSumFn read_sum_for(Isa isa) {
   // The AVX-512 path reads with AVX2's loop: 32-byte loads into 4 accumulators read fastest,
   // and the probe must find the ceiling, not the cost of a load width (docs/tuning.md,
   // "the read loop").
-  if (isa == Isa::avx2 || isa == Isa::avx512 || isa == Isa::amx) return read_sum_avx2;
+  if (isa == Isa::avx2 || isa == Isa::avx512) return read_sum_avx2;
 #endif
   (void)isa;
   return read_sum_scalar;

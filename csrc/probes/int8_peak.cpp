@@ -14,7 +14,6 @@ namespace {
 
 Int8PeakFn int8_peak_for(Isa isa) {
 #if PYINFER_X86
-  if (isa == Isa::amx) return int8_peak_amx;
   if (isa == Isa::avx512) return int8_peak_avx512;
   if (isa == Isa::avx2) return int8_peak_avx2;
 #endif

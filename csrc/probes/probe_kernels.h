@@ -22,7 +22,6 @@ using Int8PeakFn = int64_t (*)(int64_t n_iter, int32_t* sink);
 uint64_t read_sum_avx2(const void* src, size_t n_bytes);
 int64_t int8_peak_avx2(int64_t n_iter, int32_t* sink);
 int64_t int8_peak_avx512(int64_t n_iter, int32_t* sink);
-int64_t int8_peak_amx(int64_t n_iter, int32_t* sink);
 #endif
 
 }  // namespace pyinfer

@@ -5,10 +5,6 @@
 #include <cpuid.h>
 #include <cstdint>
 #endif
-#if defined(__linux__) && defined(__x86_64__)
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace pyinfer {
 
@@ -20,17 +16,6 @@ uint64_t read_xcr0() {
   // xgetbv with ecx = 0; written as asm so no -mxsave flag is needed.
   __asm__ volatile("xgetbv" : "=a"(eax), "=d"(edx) : "c"(0));
   return (static_cast<uint64_t>(edx) << 32) | eax;
-}
-
-// Linux hands the tile data state (XSAVE feature 18) to a process only once it asks for it;
-// a tile instruction before that faults. False where it is refused or the request is unknown.
-bool request_tile_state() {
-#if defined(__linux__) && defined(__x86_64__)
-  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
-  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-#else
-  return false;
-#endif
 }
 
 CpuFeatures detect() {
@@ -59,15 +44,12 @@ CpuFeatures detect() {
     f.avx512bw = b & (1u << 30);
     f.avx512vl = b & (1u << 31);
     f.avx512_vnni = c & (1u << 11);
-    f.amx_tile = d & (1u << 24);
-    f.amx_int8 = d & (1u << 25);
     if (max_sub >= 1) {
       __cpuid_count(7, 1, a, b, c, d);
       f.avx_vnni = a & (1u << 4);
       f.avx512_bf16 = a & (1u << 5);
     }
   }
-  if (f.amx_tile && f.amx_int8 && osxsave && (read_xcr0() & 0x60000) == 0x60000) f.os_amx = request_tile_state();
   return f;
 }
 #else

@@ -7,10 +7,8 @@ struct CpuFeatures {
   bool sse42 = false, avx = false, avx2 = false, fma = false, f16c = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_vnni = false, avx512_bf16 = false, avx_vnni = false;
-  bool amx_tile = false, amx_int8 = false;
   bool os_avx = false;     // OS saves ymm state (XCR0 bits 1, 2)
   bool os_avx512 = false;  // OS saves zmm/opmask state (XCR0 bits 5, 6, 7)
-  bool os_amx = false;     // OS saves tile state (XCR0 bits 17, 18) and granted it to this process
   bool x86 = false;
 
   // Everything the AVX2 path's files were compiled for.
@@ -19,8 +17,6 @@ struct CpuFeatures {
   bool can_avx512() const {
     return can_avx2() && os_avx512 && avx512f && avx512bw && avx512vl && avx512dq && avx512_vnni;
   }
-  // The AMX path: the AVX-512 path's set and the int8 tiles.
-  bool can_amx() const { return can_avx512() && amx_tile && amx_int8 && os_amx; }
 };
 
 // Detected once; this file is compiled with no ISA flags so it cannot fault itself.

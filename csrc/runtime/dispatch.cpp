@@ -15,7 +15,6 @@ const char* isa_name(Isa isa) {
     case Isa::scalar: return "scalar";
     case Isa::avx2: return "avx2";
     case Isa::avx512: return "avx512";
-    case Isa::amx: return "amx";
   }
   return "?";
 }
@@ -24,8 +23,7 @@ Isa parse_isa(const std::string& name) {
   if (name == "scalar") return Isa::scalar;
   if (name == "avx2") return Isa::avx2;
   if (name == "avx512") return Isa::avx512;
-  if (name == "amx") return Isa::amx;
-  throw std::invalid_argument("unknown ISA path '" + name + "': expected scalar, avx2, avx512 or amx");
+  throw std::invalid_argument("unknown ISA path '" + name + "': expected scalar, avx2 or avx512");
 }
 
 namespace {
@@ -37,7 +35,6 @@ bool supported(Isa isa) {
 #if PYINFER_X86
     case Isa::avx2: return f.can_avx2();
     case Isa::avx512: return f.can_avx512();
-    case Isa::amx: return f.can_amx();
 #endif
     default: (void)f; return false;
   }
@@ -56,7 +53,7 @@ KernelTable make_table(Isa isa) {
     fill_ops_avx2(t);
     fill_matmul_avx2(t);
   }
-  if (isa == Isa::avx512 || isa == Isa::amx) {
+  if (isa == Isa::avx512) {
     fill_dequant_avx2(t);
     fill_ops_avx2(t);
     fill_matmul_avx2(t);
@@ -64,15 +61,11 @@ KernelTable make_table(Isa isa) {
     fill_ops_avx512(t);
     fill_matmul_avx512(t);
   }
-  if (isa == Isa::amx) fill_matmul_amx(t);  // over the AVX-512 set: its kernels serve what AMX leaves
 #endif
   t.isa = isa;
   return t;
 }
 
-// The AMX path is taken only when asked for (PYINFER_ISA=amx, set_isa): its tile products beat
-// the AVX-512 kernels on a kernel call, yet a whole prefill or batched step ran slower on it
-// (docs/tuning.md, "AMX tiles: opt-in").
 Isa best_isa() {
   if (supported(Isa::avx512)) return Isa::avx512;
   if (supported(Isa::avx2)) return Isa::avx2;
@@ -106,11 +99,9 @@ const KernelTable& kernels_for(Isa isa) {
   static const KernelTable scalar = make_table(Isa::scalar);
   static const KernelTable avx2 = supported(Isa::avx2) ? make_table(Isa::avx2) : scalar;
   static const KernelTable avx512 = supported(Isa::avx512) ? make_table(Isa::avx512) : scalar;
-  static const KernelTable amx = supported(Isa::amx) ? make_table(Isa::amx) : scalar;
   switch (isa) {
     case Isa::avx2: return avx2;
     case Isa::avx512: return avx512;
-    case Isa::amx: return amx;
     default: return scalar;
   }
 }

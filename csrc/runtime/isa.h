@@ -5,9 +5,9 @@
 
 namespace pyinfer {
 
-enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, amx = 3 };
+enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2 };
 const char* isa_name(Isa isa);
-// Parse "scalar" | "avx2" | "avx512" | "amx"; throws std::invalid_argument otherwise.
+// Parse "scalar" | "avx2" | "avx512"; throws std::invalid_argument otherwise.
 Isa parse_isa(const std::string& name);
 
 // The path in use: the best the CPU supports, or PYINFER_ISA, or set_isa(). The first call

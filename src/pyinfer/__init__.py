@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 def cpu_info() -> dict:
     """What the CPU supports, which ISA paths were compiled and can run, and the one in use.
 
-    The active path is the best available unless ``PYINFER_ISA=scalar|avx2|avx512|amx`` says
+    The active path is the best available unless ``PYINFER_ISA=scalar|avx2|avx512`` says
     otherwise (a path this CPU lacks fails the import with a clear message).
     """
     return _C.cpu_info()

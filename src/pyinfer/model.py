@@ -285,9 +285,9 @@ class Model:
         if repack is not None and not isinstance(repack, (bool, np.bool_)):
             raise ParameterTypeError(f"repack must be True, False or None (the ISA's choice), not {repack!r}")
         if repack is None:
-            # The interleaved layout has SIMD kernels on the AVX2, AVX-512 and AMX paths, several
+            # The interleaved layout has SIMD kernels on the AVX2 and AVX-512 paths, several
             # times faster there than blocks as stored; the scalar path keeps the blocks.
-            repack = _C.get_isa() in ("avx2", "avx512", "amx")
+            repack = _C.get_isa() in ("avx2", "avx512")
         tensors = {}
         for name in description.tensors:
             t = reader.tensors[name]

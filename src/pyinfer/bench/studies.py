@@ -324,7 +324,7 @@ def batch_ceilings(s: Settings, m: Model, nt: int, kv: float) -> dict[str, Any]:
                            "weight_bytes_per_step": m.weight_bytes_per_token,
                            "kv_bytes_per_token": kv, "int8_tokens_per_s": None}
     slots = int8_slots_per_token(m.reader)
-    peak = int8_peak_gops() if _C.get_isa() in ("avx512", "amx") and slots is not None else None
+    peak = int8_peak_gops() if _C.get_isa() == "avx512" and slots is not None else None
     if peak is not None:
         out.update(int8_peak_gops_per_core=peak["gops"], int8_slots_per_token=slots,
                    int8_tokens_per_s=nt * peak["gops"] / 2 * 1e9 / slots)
