@@ -42,6 +42,7 @@ py::dict cpu_info() {
   features["avx512_vnni"] = f.avx512_vnni;
   features["avx512_bf16"] = f.avx512_bf16;
   features["avx_vnni"] = f.avx_vnni;
+  features["vendor_intel"] = f.vendor_intel;
   features["os_avx"] = f.os_avx;
   features["os_avx512"] = f.os_avx512;
   py::list available;

@@ -120,6 +120,15 @@ struct KernelSet {
   QuantizeActFn quantize_act;
 };
 
+// What a kernel set is built with beyond its instruction set: choices that were measured to
+// differ between CPUs (runtime/dispatch.cpp takes them from cpu_features).
+struct KernelTuning {
+  // A GEMV (one activation row) over the 4- and 8-bit packed types requests the next weight
+  // group ahead into L2, as every call of more rows does; otherwise it leaves the stream to
+  // the hardware prefetcher (docs/tuning.md, "GEMV requests ahead on Intel").
+  bool gemv_fetch_ahead = true;
+};
+
 // Each ISA's files fill their slots of a set; each function is defined in that ISA's files.
 void fill_dequant_scalar(KernelSet& t);  // dequantization
 void fill_ops_scalar(KernelSet& t);      // the small ops and attention
@@ -130,7 +139,7 @@ void fill_dequant_avx512(KernelSet& t);
 void fill_ops_avx2(KernelSet& t);
 void fill_ops_avx512(KernelSet& t);
 void fill_matmul_avx2(KernelSet& t);
-void fill_matmul_avx512(KernelSet& t);
+void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning);
 #endif
 
 }  // namespace pyinfer

@@ -24,6 +24,8 @@ CpuFeatures detect() {
   unsigned a, b, c, d;
   unsigned max_leaf = __get_cpuid_max(0, nullptr);
   if (max_leaf < 1) return f;
+  __cpuid(0, a, b, c, d);
+  f.vendor_intel = b == 0x756e6547u && d == 0x49656e69u && c == 0x6c65746eu;  // "Genu" "ineI" "ntel"
   __cpuid(1, a, b, c, d);
   f.sse42 = c & (1u << 20);
   f.fma = c & (1u << 12);

@@ -10,6 +10,7 @@ struct CpuFeatures {
   bool os_avx = false;     // OS saves ymm state (XCR0 bits 1, 2)
   bool os_avx512 = false;  // OS saves zmm/opmask state (XCR0 bits 5, 6, 7)
   bool x86 = false;
+  bool vendor_intel = false;  // cpuid's vendor string is GenuineIntel
 
   // Everything the AVX2 path's files were compiled for.
   bool can_avx2() const { return x86 && os_avx && avx2 && fma && f16c; }

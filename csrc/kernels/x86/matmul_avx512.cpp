@@ -587,8 +587,8 @@ PYINFER_INLINE void tile(int type, const uint8_t* group, const block_q8a* x, int
 
 constexpr int64_t kWideTileMaxK = 1024;
 
-PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K,
-                                int64_t n_rows, float* y, int64_t ldy) {
+PYINFER_INLINE void packed_rows(int type, bool gemv_ahead, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
+                                int64_t K, int64_t n_rows, float* y, int64_t ldy) {
   const int64_t nb = K / QK8_A;
   const int64_t group_bytes = kPackRows * rb;
   // Tiles of eight activation rows: each group's unpacked quant columns then feed twice the
@@ -598,7 +598,7 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
   // (docs/tuning.md, "eight activation rows per tile").
   const bool wide = type_traits(type).block_elems == QK_K || K <= kWideTileMaxK;
   const int bits = type_traits(type).quant_bits;
-  const bool fetch_ahead = M >= 2 || (bits != 4 && bits != 8);
+  const bool fetch_ahead = M >= 2 || gemv_ahead || (bits != 4 && bits != 8);
   if (M >= 2)  // the first group: all of its lines requested at once, not found one by one
     for (int64_t o = 0; o < group_bytes; o += 64) _mm_prefetch(static_cast<const char*>(w) + o, _MM_HINT_T0);
   static thread_local UnitBuffer buffer;
@@ -615,10 +615,11 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
     // The first tile fetches the next group ahead: with two or more activation rows the
     // group's tiles take long enough for the stream to stall on DRAM (docs/tuning.md, "the
     // next group fetched ahead"). A GEMV over the 4- and 8-bit types reads each group as one
-    // stream, which the hardware prefetcher alone keeps near the read bandwidth and requests
-    // ahead only crowd; the 5- and 6-bit types read a field of high bits beside the quants,
-    // two streams it follows poorly, and keep them ("a GEMV's stream left to the hardware
-    // prefetcher").
+    // stream, which on the AMD Zen 4 the hardware prefetcher alone keeps near the read
+    // bandwidth and requests ahead only crowd; the 5- and 6-bit types read a field of high
+    // bits beside the quants, two streams it follows poorly, and keep them ("a GEMV's stream
+    // left to the hardware prefetcher"). On the Intel Xeon the requests ahead win for every
+    // type (gemv_ahead: KernelTuning, "GEMV requests ahead on Intel").
     const uint8_t* pf = fetch_ahead && n + kPackRows < n_rows ? group + group_bytes : nullptr;
     int64_t m = 0;
     if (wide)
@@ -633,15 +634,15 @@ PYINFER_INLINE void packed_rows(int type, const void* w, int64_t rb, const block
   }
 }
 
-template <int T>
+template <int T, bool GemvAhead>
 void matmul_fast_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows,
                                float* y, int64_t ldy) {
-  packed_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
+  packed_rows(T, GemvAhead, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
 }  // namespace
 
-void fill_matmul_avx512(KernelSet& t) {
+void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning) {
   t.quantize_act = quantize_act_avx512;
   // Exact mode on F32, F16 and BF16 weights stays AVX2's (this table is filled over the AVX2
   // one): where zmm work is split into two 256-bit halves the ymm kernels read and multiply
@@ -649,14 +650,19 @@ void fill_matmul_avx512(KernelSet& t) {
   t.matmul_fast[GGML_Q8_0] = matmul_fast_avx512<GGML_Q8_0>;
   t.matmul_fast[GGML_Q4_0] = matmul_fast_avx512<GGML_Q4_0>;
   t.matmul_fast[GGML_Q4_1] = matmul_fast_avx512<GGML_Q4_1>;
-  t.matmul_fast_packed[GGML_Q8_0] = matmul_fast_packed_avx512<GGML_Q8_0>;
-  t.matmul_fast_packed[GGML_Q4_0] = matmul_fast_packed_avx512<GGML_Q4_0>;
-  t.matmul_fast_packed[GGML_Q4_1] = matmul_fast_packed_avx512<GGML_Q4_1>;
-  t.matmul_fast_packed[GGML_Q5_0] = matmul_fast_packed_avx512<GGML_Q5_0>;
-  t.matmul_fast_packed[GGML_Q5_1] = matmul_fast_packed_avx512<GGML_Q5_1>;
-  t.matmul_fast_packed[GGML_Q4_K] = matmul_fast_packed_avx512<GGML_Q4_K>;
-  t.matmul_fast_packed[GGML_Q5_K] = matmul_fast_packed_avx512<GGML_Q5_K>;
-  t.matmul_fast_packed[GGML_Q6_K] = matmul_fast_packed_avx512<GGML_Q6_K>;
+#define PYINFER_PACKED(T)   \
+  t.matmul_fast_packed[T] = \
+      tuning.gemv_fetch_ahead ? matmul_fast_packed_avx512<T, true> : matmul_fast_packed_avx512<T, false>;
+  PYINFER_PACKED(GGML_Q8_0)
+  PYINFER_PACKED(GGML_Q4_0)
+  PYINFER_PACKED(GGML_Q4_1)
+  PYINFER_PACKED(GGML_Q4_K)
+#undef PYINFER_PACKED
+  // The 5- and 6-bit types request ahead in a GEMV on every CPU.
+  t.matmul_fast_packed[GGML_Q5_0] = matmul_fast_packed_avx512<GGML_Q5_0, true>;
+  t.matmul_fast_packed[GGML_Q5_1] = matmul_fast_packed_avx512<GGML_Q5_1, true>;
+  t.matmul_fast_packed[GGML_Q5_K] = matmul_fast_packed_avx512<GGML_Q5_K, true>;
+  t.matmul_fast_packed[GGML_Q6_K] = matmul_fast_packed_avx512<GGML_Q6_K, true>;
 }
 
 }  // namespace pyinfer
