@@ -123,10 +123,11 @@ struct KernelSet {
 // What a kernel set is built with beyond its instruction set: choices that were measured to
 // differ between CPUs (runtime/dispatch.cpp takes them from cpu_features).
 struct KernelTuning {
-  // A GEMV (one activation row) over the 4- and 8-bit packed types requests the next weight
-  // group ahead into L2, as every call of more rows does; otherwise it leaves the stream to
-  // the hardware prefetcher (docs/tuning.md, "GEMV requests ahead on Intel").
-  bool gemv_fetch_ahead = true;
+  // Kernels that read the weights as one sequential stream request them ahead in software:
+  // the AVX-512 GEMV (one activation row) over the 4- and 8-bit packed types, as every call of
+  // more rows does, and the exact kernels over F32/F16/BF16 rows. Otherwise they leave the
+  // stream to the hardware prefetcher (docs/tuning.md, "requests ahead on Intel").
+  bool stream_fetch_ahead = true;
 };
 
 // Each ISA's files fill their slots of a set; each function is defined in that ISA's files.
@@ -138,7 +139,7 @@ void fill_dequant_avx2(KernelSet& t);
 void fill_dequant_avx512(KernelSet& t);
 void fill_ops_avx2(KernelSet& t);
 void fill_ops_avx512(KernelSet& t);
-void fill_matmul_avx2(KernelSet& t);
+void fill_matmul_avx2(KernelSet& t, const KernelTuning& tuning);
 void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning);
 #endif
 

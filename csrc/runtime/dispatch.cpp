@@ -40,11 +40,11 @@ bool supported(Isa isa) {
   }
 }
 
-// The per-CPU choices: the AMD Zen 4's hardware prefetcher kept a GEMV's single stream near
-// the read bandwidth alone, where the Intel Xeon's needed the requests ahead.
+// The per-CPU choices: the AMD Zen 4's hardware prefetcher kept a single stream of weights near
+// the read bandwidth alone, where the Intel Xeon's needed requests ahead.
 KernelTuning tuning() {
   KernelTuning k;
-  k.gemv_fetch_ahead = cpu_features().vendor_intel;
+  k.stream_fetch_ahead = cpu_features().vendor_intel;
   return k;
 }
 
@@ -59,12 +59,12 @@ KernelTable make_table(Isa isa) {
   if (isa == Isa::avx2) {
     fill_dequant_avx2(t);
     fill_ops_avx2(t);
-    fill_matmul_avx2(t);
+    fill_matmul_avx2(t, tuning());
   }
   if (isa == Isa::avx512) {
     fill_dequant_avx2(t);
     fill_ops_avx2(t);
-    fill_matmul_avx2(t);
+    fill_matmul_avx2(t, tuning());
     fill_dequant_avx512(t);
     fill_ops_avx512(t);
     fill_matmul_avx512(t, tuning());

@@ -94,16 +94,26 @@ PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+// Bytes ahead of the current weights that the exact kernels request, where they do.
+constexpr int64_t kExactFetchAhead = 4096;
+
 // One row of W against MT activation rows; per element: four accumulators over each
 // 32-run of k, summed (a0 + a1) + (a2 + a3) at the end. One weight row at a time keeps a
 // GEMV to a single sequential stream, which reads faster than tiles of several rows
-// (docs/tuning.md, "one weight row at a time"). In a GEMM each weight load serves the MT
-// activation rows. The AVX-512 table uses these kernels too (see fill_matmul_avx512).
-PYINFER_INLINE void exact_tile(int type, int MT, const uint8_t* row, const float* x, int64_t K, float* y, int64_t ldy) {
+// (docs/tuning.md, "one weight row at a time"); with ahead, the stream's lines kExactFetchAhead
+// bytes on (across the row's end: rows are rb apart, back to back) are requested as it goes
+// ("requests ahead on Intel"). In a GEMM each weight load serves the MT activation rows. The
+// AVX-512 table uses these kernels too (see fill_matmul_avx512).
+PYINFER_INLINE void exact_tile(int type, int MT, bool ahead, const uint8_t* row, const float* x, int64_t K, float* y,
+                               int64_t ldy) {
   __m256 acc[2][4];
   for (int c = 0; c < MT; ++c)
     for (int i = 0; i < 4; ++i) acc[c][i] = _mm256_setzero_ps();
+  const int64_t eb = type == GGML_F32 ? 4 : 2;  // bytes per weight
   for (int64_t k = 0; k < K; k += 32) {
+    if (ahead)  // 32 weights: one or two lines
+      for (int64_t o = 0; o < 32 * eb; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row) + k * eb + o + kExactFetchAhead, _MM_HINT_T0);
     __m256 wv[4];
     for (int i = 0; i < 4; ++i) wv[i] = load_w8(type, row, k + 8 * i);
     for (int c = 0; c < MT; ++c)
@@ -113,20 +123,20 @@ PYINFER_INLINE void exact_tile(int type, int MT, const uint8_t* row, const float
     y[c * ldy] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[c][0], acc[c][1]), _mm256_add_ps(acc[c][2], acc[c][3])));
 }
 
-PYINFER_INLINE void exact_rows(int type, const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
+PYINFER_INLINE void exact_rows(int type, bool ahead, const void* w, int64_t rb, const float* x, int64_t M, int64_t K,
                                int64_t n_rows, float* y, int64_t ldy) {
   const auto* wb = static_cast<const uint8_t*>(w);
   for (int64_t n = 0; n < n_rows; ++n) {
     int64_t m = 0;
-    for (; m + 2 <= M; m += 2) exact_tile(type, 2, wb + n * rb, x + m * K, K, y + m * ldy + n, ldy);
-    for (; m < M; ++m) exact_tile(type, 1, wb + n * rb, x + m * K, K, y + m * ldy + n, ldy);
+    for (; m + 2 <= M; m += 2) exact_tile(type, 2, ahead, wb + n * rb, x + m * K, K, y + m * ldy + n, ldy);
+    for (; m < M; ++m) exact_tile(type, 1, ahead, wb + n * rb, x + m * K, K, y + m * ldy + n, ldy);
   }
 }
 
-template <int T>
+template <int T, bool Ahead>
 void matmul_exact_avx2(const void* w, int64_t rb, const float* x, int64_t M, int64_t K, int64_t n_rows, float* y,
                        int64_t ldy) {
-  exact_rows(T, w, rb, x, M, K, n_rows, y, ldy);
+  exact_rows(T, Ahead, w, rb, x, M, K, n_rows, y, ldy);
 }
 
 // ---- fast mode: integer dot products per block ----------------------------------------------
@@ -616,11 +626,14 @@ void matmul_fast_packed_avx2(const void* w, int64_t rb, const block_q8a* xq, int
 
 }  // namespace
 
-void fill_matmul_avx2(KernelSet& t) {
+void fill_matmul_avx2(KernelSet& t, const KernelTuning& tuning) {
   t.quantize_act = quantize_act_avx2;
-  t.matmul_exact[GGML_F32] = matmul_exact_avx2<GGML_F32>;
-  t.matmul_exact[GGML_F16] = matmul_exact_avx2<GGML_F16>;
-  t.matmul_exact[GGML_BF16] = matmul_exact_avx2<GGML_BF16>;
+  t.matmul_exact[GGML_F32] =
+      tuning.stream_fetch_ahead ? matmul_exact_avx2<GGML_F32, true> : matmul_exact_avx2<GGML_F32, false>;
+  t.matmul_exact[GGML_F16] =
+      tuning.stream_fetch_ahead ? matmul_exact_avx2<GGML_F16, true> : matmul_exact_avx2<GGML_F16, false>;
+  t.matmul_exact[GGML_BF16] =
+      tuning.stream_fetch_ahead ? matmul_exact_avx2<GGML_BF16, true> : matmul_exact_avx2<GGML_BF16, false>;
   t.matmul_fast[GGML_Q8_0] = matmul_fast_avx2<GGML_Q8_0>;
   t.matmul_fast[GGML_Q4_0] = matmul_fast_avx2<GGML_Q4_0>;
   t.matmul_fast[GGML_Q4_1] = matmul_fast_avx2<GGML_Q4_1>;

@@ -619,7 +619,7 @@ PYINFER_INLINE void packed_rows(int type, bool gemv_ahead, const void* w, int64_
     // bandwidth and requests ahead only crowd; the 5- and 6-bit types read a field of high
     // bits beside the quants, two streams it follows poorly, and keep them ("a GEMV's stream
     // left to the hardware prefetcher"). On the Intel Xeon the requests ahead win for every
-    // type (gemv_ahead: KernelTuning, "GEMV requests ahead on Intel").
+    // type (gemv_ahead: KernelTuning, "requests ahead on Intel").
     const uint8_t* pf = fetch_ahead && n + kPackRows < n_rows ? group + group_bytes : nullptr;
     int64_t m = 0;
     if (wide)
@@ -652,7 +652,7 @@ void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning) {
   t.matmul_fast[GGML_Q4_1] = matmul_fast_avx512<GGML_Q4_1>;
 #define PYINFER_PACKED(T)   \
   t.matmul_fast_packed[T] = \
-      tuning.gemv_fetch_ahead ? matmul_fast_packed_avx512<T, true> : matmul_fast_packed_avx512<T, false>;
+      tuning.stream_fetch_ahead ? matmul_fast_packed_avx512<T, true> : matmul_fast_packed_avx512<T, false>;
   PYINFER_PACKED(GGML_Q8_0)
   PYINFER_PACKED(GGML_Q4_0)
   PYINFER_PACKED(GGML_Q4_1)
