@@ -40,7 +40,7 @@ bool supported(Isa isa) {
   }
 }
 
-// The per-CPU choices: the AMD Zen 4's hardware prefetcher kept a single stream of weights near
+// The per-CPU choices: the AMD EPYC's hardware prefetcher kept a single stream of weights near
 // the read bandwidth alone, where the Intel Xeon's needed requests ahead.
 KernelTuning tuning() {
   KernelTuning k;

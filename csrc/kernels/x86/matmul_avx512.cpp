@@ -615,7 +615,7 @@ PYINFER_INLINE void packed_rows(int type, bool gemv_ahead, const void* w, int64_
     // The first tile fetches the next group ahead: with two or more activation rows the
     // group's tiles take long enough for the stream to stall on DRAM (docs/tuning.md, "the
     // next group fetched ahead"). A GEMV over the 4- and 8-bit types reads each group as one
-    // stream, which on the AMD Zen 4 the hardware prefetcher alone keeps near the read
+    // stream, which on the AMD EPYC measured the hardware prefetcher alone keeps near the read
     // bandwidth and requests ahead only crowd; the 5- and 6-bit types read a field of high
     // bits beside the quants, two streams it follows poorly, and keep them ("a GEMV's stream
     // left to the hardware prefetcher"). On the Intel Xeon the requests ahead win for every
