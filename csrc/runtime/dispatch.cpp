@@ -40,6 +40,7 @@ bool supported(Isa isa) {
   }
 }
 
+#if PYINFER_X86
 // The per-CPU choices: the AMD EPYC's hardware prefetcher kept a single stream of weights near
 // the read bandwidth alone, where the Intel Xeon's needed requests ahead.
 KernelTuning tuning() {
@@ -47,6 +48,7 @@ KernelTuning tuning() {
   k.stream_fetch_ahead = cpu_features().vendor_intel;
   return k;
 }
+#endif
 
 KernelTable make_table(Isa isa) {
   KernelTable t{};
@@ -56,18 +58,19 @@ KernelTable make_table(Isa isa) {
   fill_ops_scalar(t);
   fill_matmul_scalar(t);
 #if PYINFER_X86
+  const KernelTuning k = tuning();
   if (isa == Isa::avx2) {
     fill_dequant_avx2(t);
     fill_ops_avx2(t);
-    fill_matmul_avx2(t, tuning());
+    fill_matmul_avx2(t, k);
   }
   if (isa == Isa::avx512) {
     fill_dequant_avx2(t);
     fill_ops_avx2(t);
-    fill_matmul_avx2(t, tuning());
+    fill_matmul_avx2(t, k);
     fill_dequant_avx512(t);
     fill_ops_avx512(t);
-    fill_matmul_avx512(t, tuning());
+    fill_matmul_avx512(t, k);
   }
 #endif
   t.isa = isa;

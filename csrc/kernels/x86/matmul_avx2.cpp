@@ -109,7 +109,7 @@ PYINFER_INLINE void exact_tile(int type, int MT, bool ahead, const uint8_t* row,
   __m256 acc[2][4];
   for (int c = 0; c < MT; ++c)
     for (int i = 0; i < 4; ++i) acc[c][i] = _mm256_setzero_ps();
-  const int64_t eb = type == GGML_F32 ? 4 : 2;  // bytes per weight
+  const int64_t eb = type_traits(type).block_bytes;  // bytes per weight
   for (int64_t k = 0; k < K; k += 32) {
     if (ahead)  // 32 weights: one or two lines
       for (int64_t o = 0; o < 32 * eb; o += 64)

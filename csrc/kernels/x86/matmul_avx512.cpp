@@ -597,8 +597,7 @@ PYINFER_INLINE void packed_rows(int type, bool gemv_ahead, const void* w, int64_
   // faster. The K-quants, whose unpacking and scales cost more per block, gain at any K
   // (docs/tuning.md, "eight activation rows per tile").
   const bool wide = type_traits(type).block_elems == QK_K || K <= kWideTileMaxK;
-  const int bits = type_traits(type).quant_bits;
-  const bool fetch_ahead = M >= 2 || gemv_ahead || (bits != 4 && bits != 8);
+  const bool fetch_ahead = M >= 2 || gemv_ahead;
   if (M >= 2)  // the first group: all of its lines requested at once, not found one by one
     for (int64_t o = 0; o < group_bytes; o += 64) _mm_prefetch(static_cast<const char*>(w) + o, _MM_HINT_T0);
   static thread_local UnitBuffer buffer;
@@ -614,12 +613,7 @@ PYINFER_INLINE void packed_rows(int type, bool gemv_ahead, const void* w, int64_
     }
     // The first tile fetches the next group ahead: with two or more activation rows the
     // group's tiles take long enough for the stream to stall on DRAM (docs/tuning.md, "the
-    // next group fetched ahead"). A GEMV over the 4- and 8-bit types reads each group as one
-    // stream, which on the AMD EPYC measured the hardware prefetcher alone keeps near the read
-    // bandwidth and requests ahead only crowd; the 5- and 6-bit types read a field of high
-    // bits beside the quants, two streams it follows poorly, and keep them ("a GEMV's stream
-    // left to the hardware prefetcher"). On the Intel Xeon the requests ahead win for every
-    // type (gemv_ahead: KernelTuning, "requests ahead on Intel").
+    // next group fetched ahead"); a GEMV does where gemv_ahead says so (packed_kernel).
     const uint8_t* pf = fetch_ahead && n + kPackRows < n_rows ? group + group_bytes : nullptr;
     int64_t m = 0;
     if (wide)
@@ -640,6 +634,22 @@ void matmul_fast_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, i
   packed_rows(T, GemvAhead, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
+// Type T's packed kernel; whether its GEMV requests the next group ahead. A GEMV over the 4-
+// and 8-bit types reads each group as one stream, which the AMD EPYC measured keeps near the
+// read bandwidth with its hardware prefetcher alone, requests ahead only crowding it, and the
+// Intel Xeon does not: there the tuning asks for them (docs/tuning.md, "a GEMV's stream left
+// to the hardware prefetcher", "requests ahead on Intel"). The 5- and 6-bit types read a field
+// of high bits beside the quants, two streams the hardware prefetcher follows poorly, and
+// request ahead on every CPU.
+template <int T>
+MatmulFastFn packed_kernel(const KernelTuning& tuning) {
+  constexpr int bits = type_traits(T).quant_bits;
+  if constexpr (bits != 4 && bits != 8)
+    return matmul_fast_packed_avx512<T, true>;
+  else
+    return tuning.stream_fetch_ahead ? matmul_fast_packed_avx512<T, true> : matmul_fast_packed_avx512<T, false>;
+}
+
 }  // namespace
 
 void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning) {
@@ -650,19 +660,14 @@ void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning) {
   t.matmul_fast[GGML_Q8_0] = matmul_fast_avx512<GGML_Q8_0>;
   t.matmul_fast[GGML_Q4_0] = matmul_fast_avx512<GGML_Q4_0>;
   t.matmul_fast[GGML_Q4_1] = matmul_fast_avx512<GGML_Q4_1>;
-#define PYINFER_PACKED(T)   \
-  t.matmul_fast_packed[T] = \
-      tuning.stream_fetch_ahead ? matmul_fast_packed_avx512<T, true> : matmul_fast_packed_avx512<T, false>;
-  PYINFER_PACKED(GGML_Q8_0)
-  PYINFER_PACKED(GGML_Q4_0)
-  PYINFER_PACKED(GGML_Q4_1)
-  PYINFER_PACKED(GGML_Q4_K)
-#undef PYINFER_PACKED
-  // The 5- and 6-bit types request ahead in a GEMV on every CPU.
-  t.matmul_fast_packed[GGML_Q5_0] = matmul_fast_packed_avx512<GGML_Q5_0, true>;
-  t.matmul_fast_packed[GGML_Q5_1] = matmul_fast_packed_avx512<GGML_Q5_1, true>;
-  t.matmul_fast_packed[GGML_Q5_K] = matmul_fast_packed_avx512<GGML_Q5_K, true>;
-  t.matmul_fast_packed[GGML_Q6_K] = matmul_fast_packed_avx512<GGML_Q6_K, true>;
+  t.matmul_fast_packed[GGML_Q8_0] = packed_kernel<GGML_Q8_0>(tuning);
+  t.matmul_fast_packed[GGML_Q4_0] = packed_kernel<GGML_Q4_0>(tuning);
+  t.matmul_fast_packed[GGML_Q4_1] = packed_kernel<GGML_Q4_1>(tuning);
+  t.matmul_fast_packed[GGML_Q5_0] = packed_kernel<GGML_Q5_0>(tuning);
+  t.matmul_fast_packed[GGML_Q5_1] = packed_kernel<GGML_Q5_1>(tuning);
+  t.matmul_fast_packed[GGML_Q4_K] = packed_kernel<GGML_Q4_K>(tuning);
+  t.matmul_fast_packed[GGML_Q5_K] = packed_kernel<GGML_Q5_K>(tuning);
+  t.matmul_fast_packed[GGML_Q6_K] = packed_kernel<GGML_Q6_K>(tuning);
 }
 
 }  // namespace pyinfer
