@@ -254,8 +254,9 @@ def matmul_fast_parts(
     Activations are quantized as quantize_activations does; each 32-block's dot product
     isum = sum_j q_w[j] * a_j is exact in integers, and
     y = sum_b (d_w * d_x) * isum  +  sum_b m_w * (d_x * sum_x)   (the second where W has mins)
-    with d_w * d_x, d_x * sum_x and m_w * (...) rounded to float32 as the C++ does, the sums
-    exact. `magnitude` = sum_b |d_w * d_x| * sum_j (|q_w[j]| + 2 * off) * |q_x[j]|
+    with d_w * d_x and d_x * sum_x rounded to float32 as the C++ does, the sums exact (the C++
+    adds each block's two terms by fused multiply-adds, one rounding each, within the bound).
+    `magnitude` = sum_b |d_w * d_x| * sum_j (|q_w[j]| + 2 * off) * |q_x[j]|
     + sum_b |m_w * (d_x * sum_x)|, with off the offset the type stores its quants with (8 for
     Q4_0, 0 otherwise), bounds what float32 summation in any order, of isum split into partial
     sums of stored quants plus an offset correction, can get wrong: a multiple of

@@ -2,9 +2,10 @@
 //
 // Exact mode multiplies float32 activations by the weights in float32. Fast mode quantizes
 // the activations (q8_act.h) and takes each 32-block's dot product in integers, exactly; per
-// output element it then sums, in float32, (d_w * d_x) * isum over the blocks (and for Q4_1
-// m_w * (d_x * sum_x) in a second sum added at the end). SIMD paths compute the same integers
-// and products but may add them in another order.
+// output element it then sums, in float32, (d_w * d_x) * isum over the blocks, each term
+// added by one fused multiply-add (and for Q4_1 m_w * (d_x * sum_x), fused the same way, in a
+// second sum added at the end). SIMD paths compute the same integers and the same float
+// operations in the same order for each output element.
 #include <cmath>
 
 #include "kernels/abi.h"
@@ -85,8 +86,8 @@ PYINFER_EXACT_REF(matmul_bf16_f32_ref, load_bf16)
 //   Q6_K:             d = d_super, q = sc * (stored - 32) with sc the int8 scale of the
 //                     element's 16-element sub-block (so isum is sc_lo * isum_lo + sc_hi *
 //                     isum_hi, the two sub-blocks' integer sums).
-// Per output element: acc += (d * d_x) * float(isum) over the 32-blocks, acc_min += m * (d_x *
-// sum_x) where the type has a min, y = acc + acc_min.
+// Per output element: acc = fma(d * d_x, float(isum), acc) over the 32-blocks, acc_min =
+// fma(m, d_x * sum_x, acc_min) where the type has a min, y = acc + acc_min.
 
 // Stored quant j (0..31) of 32-block s of a block as stored, its offset still in: Q8_0's
 // signed, the others' unsigned with their high bits.
@@ -164,8 +165,8 @@ void matmul_fast_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, in
         weight_block(T, Packed, static_cast<const uint8_t*>(w), w_row_bytes, n, ib, &d, &mn, q);
         int32_t isum = 0;
         for (int j = 0; j < QK8_A; ++j) isum += q[j] * act_at(xb[ib], j);
-        acc += (d * xb[ib].d) * static_cast<float>(isum);
-        if (type_traits(T).has_min) acc_min += mn * xb[ib].dsum;
+        acc = std::fma(d * xb[ib].d, static_cast<float>(isum), acc);
+        if (type_traits(T).has_min) acc_min = std::fma(mn, xb[ib].dsum, acc_min);
       }
       y[m * ldy + n] = type_traits(T).has_min ? acc + acc_min : acc;
     }

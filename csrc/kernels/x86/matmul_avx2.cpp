@@ -216,8 +216,8 @@ void matmul_fast_avx2(const void* w, int64_t rb, const block_q8a* xq, int64_t M,
 // A 16-row group-block is taken as two halves of 8 rows: bytes 32h..32h+31 of each 64-byte
 // quant column are rows 8h..8h+7, 4 bytes each, so int32 lane r of a ymm is row 8h + r and
 // a block's 8 integer sums per half come out whole, with no horizontal sums. The integers
-// are exact and each row's float arithmetic is the scalar reference's (acc += (d_w*d_x) *
-// isum, separate multiply and add): results match it bit for bit, as on AVX-512.
+// are exact and each row's float arithmetic is the scalar reference's (acc = fma(d_w*d_x,
+// isum, acc), one fused multiply-add): results match it bit for bit, as on AVX-512.
 
 // Activation bytes 4c..4c+3 of a block, broadcast to the 8 lanes.
 PYINFER_INLINE __m256i act4(const block_q8a* xb, int c) {
@@ -521,9 +521,9 @@ PYINFER_INLINE __m256i k_dot(int type, const __m256i* wq, const InPlace& raw, in
 // 16 rows of W (one group, n_valid of them real) against MT activation rows, the columns and
 // scales from src (InPlace or Copied); raw, the repacked group, serves the split terms and
 // Q6_K's d. Per row and unit the scalar spec's float arithmetic:
-// acc += (scale * d_x) * isum; the minimum terms (Q4_1, Q5_1: + mn * d_x sum_x; Q4_K, Q5_K:
-// - mn * d_x sum_x) in their own accumulator, added at the end. pf: the next group, fetched
-// ahead (in place only).
+// acc = fma(scale * d_x, isum, acc); the minimum terms (Q4_1, Q5_1: + mn * d_x sum_x; Q4_K,
+// Q5_K: - mn * d_x sum_x, each one fused multiply-add) in their own accumulator, added at the end. pf: the next group,
+// fetched ahead (in place only).
 template <int MT, class Src>
 PYINFER_INLINE void packed_tile(int type, const Src& src, const InPlace& raw, const block_q8a* x, int64_t nb, float* y,
                                 int64_t ldy, int n_valid, const uint8_t* pf) {
@@ -561,10 +561,10 @@ PYINFER_INLINE void packed_tile(int type, const Src& src, const InPlace& raw, co
             const __m256i isum =
                 kq ? k_dot(type, wq, raw, ib, s, h, k6lo, k6hi, xb) : packed_dot8(type, wq, raw.gb(ib), h, xb);
             const __m256 f = _mm256_mul_ps(d, _mm256_set1_ps(xb->d));
-            acc[c][i] = _mm256_add_ps(acc[c][i], _mm256_mul_ps(f, _mm256_cvtepi32_ps(isum)));
+            acc[c][i] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(isum), acc[c][i]);
             if (has_min) {
-              const __m256 t = _mm256_mul_ps(mn, _mm256_set1_ps(xb->dsum));
-              acc_min[c][i] = kq ? _mm256_sub_ps(acc_min[c][i], t) : _mm256_add_ps(acc_min[c][i], t);
+              const __m256 s = _mm256_set1_ps(xb->dsum);
+              acc_min[c][i] = kq ? _mm256_fnmadd_ps(mn, s, acc_min[c][i]) : _mm256_fmadd_ps(mn, s, acc_min[c][i]);
             }
           }
         }

@@ -173,7 +173,7 @@ void matmul_fast_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t 
 // ---- fast mode on 16-row interleaved weights (packed16.h) -------------------------------------
 // Int32 lane r of every dot product step is row r, so a block's 16 integer sums come out
 // whole, with no horizontal sums, and each row's float arithmetic is the scalar reference's
-// (acc += (d_w*d_x) * isum, separate multiply and add): results match it bit for bit.
+// (acc = fma(d_w*d_x, isum, acc), one fused multiply-add): results match it bit for bit.
 
 // Activation bytes 4c..4c+3 of a block, broadcast to the 16 lanes.
 PYINFER_INLINE __m512i act4(const block_q8a* xb, int c) {
@@ -282,9 +282,8 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
     for (int c = 0; c < MT; ++c) {
       const block_q8a* xb = x + c * nb + ib;
       const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(xb->d));
-      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum[c])));
-      if (type_traits(type).has_min)
-        acc_min[c] = _mm512_add_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->dsum)));
+      acc[c] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(isum[c]), acc[c]);
+      if (type_traits(type).has_min) acc_min[c] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xb->dsum), acc_min[c]);
     }
   }
   const __mmask16 k = static_cast<__mmask16>((1u << n_valid) - 1);
@@ -294,9 +293,9 @@ PYINFER_INLINE void packed_tile(int type, const uint8_t* group, const block_q8a*
 
 // ---- fast mode on 16-row interleaved K-quants (packed16.h) -----------------------------------
 // A super-block of 256 is eight 32-blocks, one activation block each; per 32-block and row
-// the float arithmetic is matmul_ref.cpp's (acc += (d * d_x) * float(isum), Q4_K's and Q5_K's
-// min term acc_min += -(dmin * mn) * (d_x * sum_x), taken as a subtraction), so results match the
-// scalar spec bit for bit. Integer sums are exact in any order.
+// the float arithmetic is matmul_ref.cpp's (acc = fma(d * d_x, float(isum), acc), Q4_K's and
+// Q5_K's min term acc_min = fma(-(dmin * mn), d_x * sum_x, acc_min), taken as a fused
+// negated multiply-add), so results match the scalar spec bit for bit. Integer sums are exact in any order.
 
 // Lane-wise 6-bit scale (mins: second = true) of sub-block s of Q4_K's (and Q5_K's) packed
 // 12-byte field,
@@ -405,9 +404,8 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
                                  ? _mm512_add_epi32(lo, hi)
                                  : _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo), _mm512_mullo_epi32(hi, sc_hi));
         const __m512 f = _mm512_mul_ps(ds, _mm512_set1_ps(xb->d));
-        acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum)));
-        if (type != GGML_Q6_K && !kMinsAfter)
-          acc_min[c] = _mm512_sub_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(xb->dsum)));
+        acc[c] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(isum), acc[c]);
+        if (type != GGML_Q6_K && !kMinsAfter) acc_min[c] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(xb->dsum), acc_min[c]);
       }
     }
   }
@@ -422,7 +420,7 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
         const __m512 mn = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(k4_scale(_mm512_setzero_si512(), c1, c2, s, true)));
 #pragma GCC unroll 8
         for (int c = 0; c < MT; ++c)
-          acc_min[c] = _mm512_sub_ps(acc_min[c], _mm512_mul_ps(mn, _mm512_set1_ps(x[c * nb + ib + s].dsum)));
+          acc_min[c] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(x[c * nb + ib + s].dsum), acc_min[c]);
       }
     }
   const __mmask16 k = static_cast<__mmask16>((1u << n_valid) - 1);
@@ -532,7 +530,7 @@ PYINFER_INLINE void copied_tile(int type, const uint8_t* units, const block_q8a*
 #pragma GCC unroll 8
     for (int c = 0; c < MT; ++c) {
       const __m512 f = _mm512_mul_ps(d, _mm512_set1_ps(x[c * nb + ib].d));
-      acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(f, _mm512_cvtepi32_ps(isum[c])));
+      acc[c] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(isum[c]), acc[c]);
     }
   }
   if (type_traits(type).has_min) {
@@ -541,8 +539,7 @@ PYINFER_INLINE void copied_tile(int type, const uint8_t* units, const block_q8a*
     for (int64_t ib = 0; ib < nb; ++ib) {
       const __m512 m = _mm512_load_ps(units + ib * kUnitBytes + 576);
 #pragma GCC unroll 8
-      for (int c = 0; c < MT; ++c)
-        acc_min[c] = _mm512_add_ps(acc_min[c], _mm512_mul_ps(m, _mm512_set1_ps(x[c * nb + ib].dsum)));
+      for (int c = 0; c < MT; ++c) acc_min[c] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[c * nb + ib].dsum), acc_min[c]);
     }
     for (int c = 0; c < MT; ++c) acc[c] = _mm512_add_ps(acc[c], acc_min[c]);
   }
