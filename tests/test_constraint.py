@@ -55,6 +55,30 @@ def test_json_schema_outputs_validate(model, schema, kw):
     assert c.timings.constraint_s > 0
 
 
+def _accepts(c: Constraint, tok, text: str) -> bool:
+    for t in tok.tokenize(text, add_bos=False):
+        if not c.allowed()[t]:
+            return False
+        c.advance(t)
+    return True
+
+
+def test_json_whitespace_is_bounded(model):
+    """Compact, spaced and indented JSON pass; a run of blank lines or spaces between two
+    tokens, where a sampled reply could spend its whole budget, does not; a schema's own
+    x-guidance options still win."""
+    tok = model.tokenizer
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}},
+              "required": ["a", "b"], "additionalProperties": False}
+    fine = ['{"a":1,"b":true}', '{"a": 1, "b": false}', '{\n  "a": 1,\n  "b": true\n}', '{\n\t"a": 7,\n\t"b": true\n}']
+    for text in fine:
+        assert _accepts(Constraint.json_schema(tok, schema), tok, text), text
+    for text in ['{"a": 1,' + "\n" * 30 + '"b": true}', '{"a": 1,' + " " * 40 + '"b": true}', '{"a": 1,\n\n"b": true}']:
+        assert not _accepts(Constraint.json_schema(tok, schema), tok, text), text
+    loose = dict(schema, **{"x-guidance": {"whitespace_flexible": True, "whitespace_pattern": None}})
+    assert _accepts(Constraint.json_schema(tok, loose), tok, '{"a": 1,' + "\n" * 30 + '"b": true}')
+
+
 def test_response_format_shapes(model):
     c = model.chat(ask("Give a JSON object with the keys colour and size for a small red ball."), max_tokens=120,
                    temperature=0,

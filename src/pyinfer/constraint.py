@@ -109,7 +109,11 @@ class Constraint:
 
     @classmethod
     def json_schema(cls, tokenizer: Tokenizer, schema: Mapping[str, Any] | str) -> Constraint:
-        """JSON that validates against `schema` (a dict or its JSON text)."""
+        """JSON that validates against `schema` (a dict or its JSON text). Between tokens it
+        allows one space, or one line break and up to 20 spaces or tabs of indent (llama.cpp's
+        JSON grammars bound whitespace alike): with whitespace unbounded, a sampled reply can
+        spend its whole budget on blank lines. A schema's own "x-guidance" options (llguidance's
+        JSON compile options) take precedence."""
         llg = _llguidance()
         if isinstance(schema, str):
             try:
@@ -119,7 +123,7 @@ class Constraint:
         if not isinstance(schema, Mapping):
             raise ConstraintError(f"a JSON schema must be an object, not {type(schema).__name__}")
         try:
-            grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema))
+            grammar = llg.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_JSON_OPTIONS)
         except (ValueError, TypeError) as e:
             raise ConstraintError(f"the JSON schema is refused: {e}") from None
         return cls(tokenizer, grammar, description="JSON schema")
@@ -202,6 +206,10 @@ class Constraint:
     def done(self) -> bool:
         """The text is complete: only an end token may follow."""
         return bool(self._m.is_stopped())
+
+
+# Whitespace a JSON reply may put between two tokens (see Constraint.json_schema).
+_JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
 
 
 def _text(name: str, value: object) -> str:
