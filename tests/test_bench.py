@@ -17,7 +17,7 @@ import pytest
 from pyinfer import _C
 from pyinfer.bench import studies
 from pyinfer.bench.common import median
-from pyinfer.bench.engines import parse_llama_bench
+from pyinfer.bench.engines import OpenVINOEngine, parse_llama_bench, peer_makers
 from pyinfer.bench.synthetic import PRESETS, write_synthetic_llama
 from pyinfer.gguf import GGUFReader
 from pyinfer.gguf_types import GGMLType
@@ -211,7 +211,7 @@ def test_peers_startup_ratios(tiny: Path, tmp_path: Path, monkeypatch: pytest.Mo
             super().__init__(path, n_threads, n_ctx)
             self.name = "llama.cpp"
 
-    monkeypatch.setattr(studies, "peer_makers", lambda _: ([("llama.cpp", Peer)], {}))
+    monkeypatch.setattr(studies, "peer_makers", lambda *_: ([("llama.cpp", Peer)], {}))
     as_pyinfer = {"pyinfer": "pyinfer", "llama.cpp": "pyinfer"}
     monkeypatch.setattr(studies, "load_seconds", lambda e, *a: engines.load_seconds(as_pyinfer[e], *a))
     monkeypatch.setattr(studies, "resident_memory", lambda e, *a: engines.resident_memory(as_pyinfer[e], *a))
@@ -251,6 +251,37 @@ def test_int8_slots_per_token(tiny: Path, tmp_path: Path) -> None:
     assert GGMLType.Q4_K in {t.type for t in kmats}
     assert studies.int8_slots_per_token(rk) == pytest.approx(sum(t.n_elements * studies.INT8_SLOTS[t.type]
                                                                  for t in kmats))
+
+
+def _openvino_python() -> str:
+    """An interpreter with openvino-genai (PYINFER_OPENVINO_PYTHON; CI makes one beside its
+    virtualenv). Without it the test skips, except in CI, where it must run."""
+    python = os.environ.get("PYINFER_OPENVINO_PYTHON")
+    if not python:
+        if os.environ.get("CI"):
+            raise RuntimeError("CI must set PYINFER_OPENVINO_PYTHON to a Python with openvino-genai")
+        pytest.skip("set PYINFER_OPENVINO_PYTHON to a Python with openvino-genai")
+    return python
+
+
+def test_openvino_peer_times_the_same_file(default_model: Path, tmp_path: Path) -> None:
+    """OpenVINO GenAI reads the default model's GGUF in its own interpreter and answers pp and
+    tg like the other engines; the peers study lists it; a file it cannot read is reported."""
+    python = _openvino_python()
+    makers, _ = peer_makers(None, python)
+    assert [n for n, _ in makers if n == "openvino"] == ["openvino"]
+    e = OpenVINOEngine(python, default_model, 1)
+    try:
+        assert e.load_s > 0 and e.info["version"]
+        ids = [int(t) for t in np.random.default_rng(1).integers(100, 40000, 48)]
+        rates = [e.pp(ids), e.pp(ids), e.tg(ids[0], 8)]
+        assert all(np.isfinite(r) and r > 0 for r in rates), rates
+    finally:
+        e.close()
+    bad = tmp_path / "not-a-model.gguf"
+    bad.write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(RuntimeError, match="OpenVINO worker"):
+        OpenVINOEngine(python, bad, 1)
 
 
 def test_llama_bench_json_is_parsed() -> None:

@@ -53,7 +53,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     run_bench(args.studies, model=args.model, quick=args.quick, out=args.out, threads=args.threads,
               llama_bench=args.llama_bench, peers=not args.no_peers, peer_python=args.peer_python,
-              peer_server=args.peer_server, ray=args.ray)
+              peer_server=args.peer_server, ray=args.ray, openvino_python=args.peer_openvino)
     return 0
 
 
@@ -283,6 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--threads", "-t", type=int, nargs="+", default=None,
                    help="thread counts (default: 1, 2, 4, ... up to the usable cores)")
     b.add_argument("--llama-bench", default=None, metavar="PATH", help="a llama-bench binary to compare with")
+    b.add_argument("--peer-openvino", default=None, metavar="PYTHON",
+                   help="peers study: a Python with openvino-genai, to time OpenVINO GenAI on the same GGUF")
     b.add_argument("--no-peers", action="store_true", help="time pyinfer alone in the peers and serve studies")
     b.add_argument("--peer-python", default=None, metavar="PATH",
                    help="serve study: a Python with llama-cpp-python[server] (default: this one, if it has it)")

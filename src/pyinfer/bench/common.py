@@ -109,6 +109,7 @@ class Settings:
     quick: bool = False
     out: Path = Path("bench-results")
     llama_bench: str | None = None
+    openvino_python: str | None = None  # an interpreter with openvino-genai (the peers study)
     peers: bool = True
     peer_python: str | None = None  # an interpreter with llama-cpp-python[server] (the serve study)
     peer_server: str | None = None  # a llama-server binary (the serve study)

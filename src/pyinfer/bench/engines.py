@@ -1,8 +1,8 @@
 """Engines timed side by side on one model: pyinfer, llama.cpp through llama-cpp-python,
-float32 transformers, and any llama-bench binary. pp: one prompt from an empty cache;
-tg: single-token steps from an empty cache (llama-bench's definitions), in tokens/s. Start-up
-(pyinfer and llama-cpp-python): load time, resident memory of a fresh process, and time to
-the first token of a streamed chat request."""
+float32 transformers, any llama-bench binary, and OpenVINO GenAI through another interpreter.
+pp: one prompt from an empty cache; tg: single-token steps from an empty cache (llama-bench's
+definitions), in tokens/s. Start-up (pyinfer and llama-cpp-python): load time, resident
+memory of a fresh process, and time to the first token of a streamed chat request."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import gc
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Generator, Sequence
 from pathlib import Path
@@ -190,6 +191,78 @@ class LlamaBenchEngine(Engine):
         return self._run(0, n)
 
 
+class OpenVINOEngine(Engine):
+    """OpenVINO GenAI's LLMPipeline on the same GGUF file, in a worker process of another
+    interpreter (`python`, one with openvino-genai; see openvino_worker.py). Its pipeline caches
+    a prompt's prefix between calls, so each pp call turns the prompt by one more token: every
+    call sees a new prefix of the same tokens."""
+
+    def __init__(self, python: str, path: Path, n_threads: int) -> None:
+        self.name = "openvino"
+        worker = Path(__file__).with_name("openvino_worker.py")
+        cmd = [python, str(worker), str(path), str(n_threads)]
+        # Its log goes to a file, not a pipe, so that it never blocks the worker.
+        self.err = tempfile.TemporaryFile("w+")  # noqa: SIM115 (closed by close())
+        self.proc: subprocess.Popen[str] | None = None
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err,
+                                         text=True)
+            first = self._read()
+            if "ready" not in first:
+                raise RuntimeError(f"OpenVINO worker did not start: {first}")
+        except BaseException:
+            self.close()
+            raise
+        self.load_s = float(first["ready"])
+        self.info = {"version": first.get("version"), "precision": first.get("precision")}
+        self.calls = 0
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(timeout=60)
+            self.err.seek(0)
+            err = self.err.read()
+            raise RuntimeError(f"OpenVINO worker exited ({self.proc.returncode}): {err.strip()[-500:]}")
+        return json.loads(line)
+
+    def _ask(self, req: dict[str, Any]) -> float:
+        assert self.proc is not None and self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        got = self._read()
+        if "error" in got:
+            raise RuntimeError(f"OpenVINO worker: {got['error']}")
+        return float(got["tok_s"])
+
+    def pp(self, ids: list[int]) -> float:
+        self.calls += 1
+        k = self.calls % len(ids)
+        return self._ask({"op": "pp", "ids": ids[k:] + ids[:k]})
+
+    def tg(self, first: int, n: int) -> float:
+        return self._ask({"op": "tg", "first": first, "n": n})
+
+    def close(self) -> None:
+        """Ends the worker and closes its pipes."""
+        proc = getattr(self, "proc", None)
+        if hasattr(self, "err"):
+            self.err.close()
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for f in (proc.stdin, proc.stdout):
+            if f is not None:
+                f.close()
+        self.proc = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
 # -- start-up ------------------------------------------------------------------------------
 
 # The engines whose start-up is measured, by the module each needs.
@@ -286,7 +359,8 @@ def resident_memory(engine: str, path: Path, n_threads: int, n_ctx: int, prompt:
     return out
 
 
-def peer_makers(llama_bench: str | None) -> tuple[list[tuple[str, Callable[..., Engine]]], dict[str, str]]:
+def peer_makers(llama_bench: str | None, openvino_python: str | None = None
+                ) -> tuple[list[tuple[str, Callable[..., Engine]]], dict[str, str]]:
     """(name, constructor) of each peer available here, and why the others are skipped."""
     makers: list[tuple[str, Callable[..., Engine]]] = []
     skipped: dict[str, str] = {}
@@ -299,4 +373,6 @@ def peer_makers(llama_bench: str | None) -> tuple[list[tuple[str, Callable[..., 
             skipped[name] = f"not importable: {e}"
     if llama_bench:
         makers.append(("llama-bench", lambda path, nt, n_ctx: LlamaBenchEngine(llama_bench, path, nt)))
+    if openvino_python:
+        makers.append(("openvino", lambda path, nt, n_ctx: OpenVINOEngine(openvino_python, path, nt)))
     return makers, skipped
