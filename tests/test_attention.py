@@ -372,6 +372,26 @@ def test_split_identical(isa: str, dtype: str, window: int, n_head: int, n_head_
         np.testing.assert_array_equal(np.stack(rowwise), whole)
 
 
+@pytest.mark.parametrize("dtype,n_head,n_head_kv,head_dim", DTYPE_SHAPES)
+def test_long_decode_split_identical(isa: str, dtype: str, n_head: int, n_head_kv: int, head_dim: int) -> None:
+    """A decode step over 512 positions or more is split over the threads by key blocks and
+    output elements rather than by heads: the same bits as one thread and as the row within a
+    prefill, checked against NumPy too; with and without a window, ending inside a key block
+    and at its end."""
+    for pos, window in [(700, 0), (1023, 0), (1500, 600), (530, 100)]:
+        rng = rng_for(13, n_head, head_dim, pos)
+        c = filled_cache(rng, 1, n_head_kv, head_dim, pos + 4, pos + 3, dtype, 0)
+        q = rows(rng, 3, n_head * head_dim)
+        one = check_attention(c, 0, q[:1], pos, n_head, window=window)
+        for n in (2, 3):
+            got = check_attention(c, 0, q[:1], pos, n_head, window=window, n_threads=n)
+            np.testing.assert_array_equal(got, one)
+        whole = _C.attention(q, c, 0, pos, n_head, window=window, n_threads=2)
+        np.testing.assert_array_equal(whole[:1], one)
+        later = _C.attention(q[2:], c, 0, pos + 2, n_head, window=window, n_threads=2)
+        np.testing.assert_array_equal(later, whole[2:])
+
+
 def test_python_threads_concurrently(isa: str) -> None:
     """The GIL is released and calls share nothing mutable: two Python threads calling at once
     get what each gets alone."""

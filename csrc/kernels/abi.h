@@ -73,6 +73,21 @@ struct AttnTile {
 // Each query's result depends on that query's inputs only, never on which rows and heads
 // share its tile, so any tiling gives the same bits.
 using AttnFn = void (*)(const AttnTile& tile);
+// The three steps of AttnFn apart, so that threads can share one tile (a decode step over many
+// positions and fewer KV heads than threads can keep busy): the same arithmetic on each query,
+// so the same bits however the steps are split. The tile's span is its key blocks
+// b0 = attn_first(t, 0) / kKeyBlock .. b1 = (t.last + t.n_rows - 1) / kKeyBlock; query i (row-major
+// over (row, head)) keeps its scores at t.scores + i * attn_span(first(0), last + n_rows - 1).
+//   scores: every query's scores against blocks [bs, be) of the span (b0 <= bs < be <= b1 + 1);
+//   softmax: every query's scores become exp(score - max) over its own positions, in place,
+//            and inv[i] = 1 / their sum;
+//   weigh:   out elements [c0, c1) of every query (c0 a multiple of 16, c1 one or head_dim),
+//            the exp weights times V, times inv.
+struct AttnSteps {
+  void (*scores)(const AttnTile& tile, int64_t bs, int64_t be);
+  void (*softmax)(const AttnTile& tile, float* inv);
+  void (*weigh)(const AttnTile& tile, const float* inv, int64_t c0, int64_t c1);
+};
 // Scores one query of a tile keeps: from the start of first's key block to the end of last's.
 inline int64_t attn_span(int64_t first, int64_t last) { return (last / kKeyBlock - first / kKeyBlock + 1) * kKeyBlock; }
 // First position row r of a tile sees.
@@ -109,7 +124,8 @@ struct KernelSet {
   AddFn add_f32;
   SoftmaxFn softmax_f32;
   F32ToF16Fn f32_to_f16;
-  AttnFn attention[KV_TYPE_SLOTS];  // by KvType
+  AttnFn attention[KV_TYPE_SLOTS];           // by KvType
+  AttnSteps attention_steps[KV_TYPE_SLOTS];  // by KvType; null members where an ISA has none
   // Matmul (ops/matmul.cpp drives them). A type without an exact kernel is dequantized a few
   // rows at a time and multiplied by matmul_exact[GGML_F32].
   MatmulExactFn matmul_exact[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel
@@ -125,10 +141,14 @@ struct KernelSet {
 struct KernelTuning {
   // Kernels that read the weights as one sequential stream request them ahead in software:
   // the AVX-512 GEMV (one activation row) over the 4- and 8-bit packed types, as every call of
-  // more rows does, and the exact kernels over F32/F16/BF16 rows. Otherwise they leave the
-  // stream to the hardware prefetcher (docs/tuning.md, "requests ahead on Intel").
+  // more rows does, the exact kernels over F32/F16/BF16 rows, and attention over the cached
+  // keys and values. Otherwise they leave the stream to the hardware prefetcher (docs/tuning.md,
+  // "requests ahead on Intel").
   bool stream_fetch_ahead = true;
 };
+// How far ahead of what a kernel reads it requests a stream's lines, where it does (exact
+// kernels and attention): bytes.
+constexpr int64_t kStreamFetchAhead = 4096;
 
 // Each ISA's files fill their slots of a set; each function is defined in that ISA's files.
 void fill_dequant_scalar(KernelSet& t);  // dequantization
@@ -137,8 +157,8 @@ void fill_matmul_scalar(KernelSet& t);   // matmul and activation quantization
 #if PYINFER_X86
 void fill_dequant_avx2(KernelSet& t);
 void fill_dequant_avx512(KernelSet& t);
-void fill_ops_avx2(KernelSet& t);
-void fill_ops_avx512(KernelSet& t);
+void fill_ops_avx2(KernelSet& t, const KernelTuning& tuning);
+void fill_ops_avx512(KernelSet& t, const KernelTuning& tuning);
 void fill_matmul_avx2(KernelSet& t, const KernelTuning& tuning);
 void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning);
 #endif

@@ -44,13 +44,22 @@ static inline AttnQueries<RG> attn_queries(const AttnTile& t, int64_t i0) {
   return g;
 }
 
+// The tile's span of key blocks, b0..b1, and the scores each query keeps, ls.
+struct AttnSpan {
+  int64_t b0, b1, ls;
+};
+static inline AttnSpan attn_span_of(const AttnTile& t) {
+  const int64_t b0 = attn_first(t, 0) / kKeyBlock, b1 = (t.last + t.n_rows - 1) / kKeyBlock;
+  return {b0, b1, (b1 - b0 + 1) * kKeyBlock};
+}
+
 // Calls group(Count<rg>(), i, b0, b1, s, ls) for the tile's queries in register groups of at
 // most four, as even as can be (nine: 3 + 3 + 3): queries i..i + rg - 1, key blocks b0..b1
 // (the tile's span), s their rows of ls scores.
 template <class Group>
 static inline void attn_groups(const AttnTile& t, const Group& group) {
-  const int64_t b0 = attn_first(t, 0) / kKeyBlock, b1 = (t.last + t.n_rows - 1) / kKeyBlock;
-  const int64_t ls = (b1 - b0 + 1) * kKeyBlock, n_q = t.n_rows * t.n_heads;
+  const AttnSpan sp = attn_span_of(t);
+  const int64_t b0 = sp.b0, b1 = sp.b1, ls = sp.ls, n_q = t.n_rows * t.n_heads;
   for (int64_t i = 0; i < n_q;) {
     const int64_t left = n_q - i, n_groups = (left + 3) / 4, rg = (left + n_groups - 1) / n_groups;
     float* s = t.scores + i * ls;
@@ -64,17 +73,20 @@ static inline void attn_groups(const AttnTile& t, const Group& group) {
   }
 }
 
-// Calls score(Count<n>(), k, at) over the tile's key blocks b0..b1: NB blocks at a time while
-// that many are left before the last, then one at a time, the last one from t.k_last. k: the
-// first of the n blocks (elem_bytes per cached element), at: its first score's index.
+// Calls score(Count<n>(), k, at) over key blocks [bs, be) of the tile's span b0..b1: NB blocks
+// at a time while that many are left before b1, then one at a time, block b1 from t.k_last.
+// k: the first of the n blocks (elem_bytes per cached element), at: its first score's index
+// (from b0's first position).
 template <int NB, class Score>
-static inline void attn_key_blocks(const AttnTile& t, int64_t b0, int64_t b1, int64_t elem_bytes, const Score& score) {
+static inline void attn_key_blocks(const AttnTile& t, int64_t b0, int64_t b1, int64_t bs, int64_t be,
+                                   int64_t elem_bytes, const Score& score) {
   const int64_t block_bytes = t.head_dim * kKeyBlock * elem_bytes;
-  const auto* kb = static_cast<const uint8_t*>(t.k) + b0 * block_bytes;
-  int64_t b = 0;  // blocks from b0
-  for (; b + NB <= b1 - b0; b += NB) score(Count<NB>(), kb + b * block_bytes, b * kKeyBlock);
-  for (; b < b1 - b0; ++b) score(Count<1>(), kb + b * block_bytes, b * kKeyBlock);
-  score(Count<1>(), t.k_last, b * kKeyBlock);
+  const auto* k = static_cast<const uint8_t*>(t.k);
+  const int64_t whole_end = be <= b1 ? be : b1;  // blocks read from t.k
+  int64_t b = bs;
+  for (; b + NB <= whole_end; b += NB) score(Count<NB>(), k + b * block_bytes, (b - b0) * kKeyBlock);
+  for (; b < whole_end; ++b) score(Count<1>(), k + b * block_bytes, (b - b0) * kKeyBlock);
+  if (be > b1) score(Count<1>(), t.k_last, (b1 - b0) * kKeyBlock);
 }
 
 // Softmax over each query's own positions: its scores (row r of s, position j at
@@ -106,5 +118,45 @@ static inline AttnReach attn_reach(const AttnQueries<RG>& g) {
   if (a.all_lo > a.all_hi) a.all_lo = a.hi + 1, a.all_hi = a.hi;
   return a;
 }
+
+// One ISA's attention entry points (AttnFn and AttnSteps) from its three steps for a register
+// group of RG queries i0..i0 + RG - 1 of a tile (s: their rows of ls scores; b0..b1: the span):
+//   Steps::scores<RG>(t, i0, b0, b1, bs, be, s, ls)   against key blocks [bs, be);
+//   Steps::exp_sum(p, n)                              p[0..n) = exp(p - max) in place, their sum;
+//   Steps::weigh<RG>(t, i0, b0, s, ls, inv, c0, c1)   output elements [c0, c1).
+// whole runs the three for each register group in turn; the others run one for all groups.
+template <class Steps>
+struct AttnEntries {
+  static void whole(const AttnTile& t) {
+    attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
+      constexpr int RG = decltype(rg)::value;
+      float inv[RG];
+      Steps::template scores<RG>(t, i, b0, b1, b0, b1 + 1, s, ls);
+      softmax_group<RG>(t, i, b0, s, ls, inv);
+      Steps::template weigh<RG>(t, i, b0, s, ls, inv, 0, t.head_dim);
+    });
+  }
+  static void scores(const AttnTile& t, int64_t bs, int64_t be) {
+    attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
+      Steps::template scores<decltype(rg)::value>(t, i, b0, b1, bs, be, s, ls);
+    });
+  }
+  static void softmax(const AttnTile& t, float* inv) {
+    attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t, float* s, int64_t ls) {
+      softmax_group<decltype(rg)::value>(t, i, b0, s, ls, inv + i);
+    });
+  }
+  // Softmax over each of the RG queries' own positions; inv[r] = 1 / the sum of its weights.
+  template <int RG>
+  static void softmax_group(const AttnTile& t, int64_t i0, int64_t b0, float* s, int64_t ls, float* inv) {
+    attn_softmax(attn_queries<RG>(t, i0), s, ls, b0 * kKeyBlock, inv, Steps::exp_sum);
+  }
+  static void weigh(const AttnTile& t, const float* inv, int64_t c0, int64_t c1) {
+    attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t, float* s, int64_t ls) {
+      Steps::template weigh<decltype(rg)::value>(t, i, b0, s, ls, inv + i, c0, c1);
+    });
+  }
+  static AttnSteps steps() { return {scores, softmax, weigh}; }
+};
 
 }  // namespace pyinfer

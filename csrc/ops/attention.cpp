@@ -2,7 +2,9 @@
 // attention kernels over the thread pool (portable code: compiled with no ISA flags).
 #include "ops/attention.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -105,8 +107,95 @@ int64_t attention_chunk(int64_t n_items, int64_t group, int n_threads) {
   return (n_items + n_threads - 1) / n_threads;
 }
 
+namespace {
+
+// The fewest positions a decode step needs to be split by steps, and the least and most key
+// blocks a piece of the score step takes (256 and 1,024 positions).
+constexpr int64_t kStepsMinPositions = 512;
+constexpr int64_t kStepBlocksMin = 16, kStepBlocksMax = 64;
+
+// One query row over one tile per KV head, its heads sharing the tile, in the kernels' three
+// steps, each spread over the pool in pieces: the scores by runs of key blocks, the softmax by
+// KV head, the weighted values by 128-byte runs of each value row. Every thread reads a share
+// of the keys and values instead of whole KV heads, so the threads stay even when there are
+// fewer KV heads than threads or they do not divide evenly; a thread that is held up (its core
+// busy elsewhere) leaves its pieces to the others. The steps compute what the one-call kernel
+// computes, query by query, so the bits are the same.
+void attention_by_steps(const AttentionArgs& a, int n_threads, const AttnSteps& steps) {
+  const KVCache& c = *a.cache;
+  const int64_t hd = c.head_dim(), n_kv = c.n_head_kv(), group = a.n_head / n_kv;
+  AttnTile base{};
+  base.q_stride = a.q_stride;
+  base.out_stride = a.out_stride;
+  base.n_rows = 1;
+  base.n_heads = group;
+  base.last = a.pos;
+  base.window = a.window;
+  base.head_dim = hd;
+  base.k_scale_stride = c.k_scale_stride();
+  base.scale = a.scale;
+  const int64_t b0 = attn_first(base, 0) / kKeyBlock, b1 = a.pos / kKeyBlock, ls = (b1 - b0 + 1) * kKeyBlock;
+  const int64_t partial = c.n_pos(a.layer) / kKeyBlock;
+  const size_t block_bytes = static_cast<size_t>(hd * kKeyBlock) * c.elem_size();
+  // Per KV head: its queries' scores, their 1 / sums, room for the last key block transposed.
+  const int64_t per_head = group * ls + group + hd * kKeyBlock;
+  const std::unique_ptr<float[]> buf(new float[static_cast<size_t>(n_kv * per_head)]);  // not zeroed: all written first
+  std::vector<AttnTile> tiles(static_cast<size_t>(n_kv), base);
+  for (int64_t g = 0; g < n_kv; ++g) {
+    AttnTile& t = tiles[static_cast<size_t>(g)];
+    float* mine = buf.get() + g * per_head;
+    t.q = a.q + g * group * hd;
+    t.out = a.out + g * group * hd;
+    t.scores = mine;
+    t.k = c.k(a.layer, g);
+    t.k_last = static_cast<const uint8_t*>(t.k) + static_cast<size_t>(b1) * block_bytes;
+    if (b1 == partial) {
+      float* room = mine + group * ls + group;
+      with_kv_elem(c.type(), [&](auto e) {
+        using T = decltype(e);
+        transpose_keys(static_cast<const T*>(t.k_last), a.pos % kKeyBlock + 1, hd, reinterpret_cast<T*>(room));
+      });
+      t.k_last = room;
+    }
+    t.v = c.v(a.layer, g);
+    t.k_scale = c.k_scale(a.layer, g);
+    t.v_scale = c.v_scale(a.layer, g);
+  }
+  const auto inv = [&](int64_t g) { return buf.get() + g * per_head + group * ls; };
+  // About four pieces of scores per thread, and the values in runs of 128 bytes of each row
+  // (two lines, which the L2's pair prefetcher fetches together anyway: runs of one line were
+  // slower than none).
+  const int64_t n_blocks = b1 - b0 + 1;
+  const int64_t piece = std::clamp<int64_t>(n_blocks * n_kv / (4 * n_threads), kStepBlocksMin, kStepBlocksMax);
+  const int64_t n_pieces = (n_blocks + piece - 1) / piece;
+  parallel_for(n_threads, n_kv * n_pieces, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t bs = b0 + i % n_pieces * piece, be = std::min(bs + piece, b1 + 1);
+      steps.scores(tiles[static_cast<size_t>(i / n_pieces)], bs, be);
+    }
+  });
+  parallel_for(n_threads, n_kv, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t g = begin; g < end; ++g) steps.softmax(tiles[static_cast<size_t>(g)], inv(g));
+  });
+  const int64_t run = 128 / static_cast<int64_t>(c.elem_size()), n_runs = (hd + run - 1) / run;
+  parallel_for(n_threads, n_kv * n_runs, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t g = i / n_runs, c0 = i % n_runs * run;
+      steps.weigh(tiles[static_cast<size_t>(g)], inv(g), c0, std::min(c0 + run, hd));
+    }
+  });
+}
+
+}  // namespace
+
 void attention(const AttentionArgs& a, int n_threads) {
   attention_check(a);
+  const AttnSteps& steps = kernels().attention_steps[a.cache->type()];
+  if (n_threads > 1 && a.n_q == 1 && steps.scores != nullptr && a.pos + 1 >= kStepsMinPositions &&
+      (a.window == 0 || a.window >= kStepsMinPositions)) {
+    attention_by_steps(a, n_threads, steps);
+    return;
+  }
   const int64_t n_items = attention_items(a);
   const int64_t n_scratch = attention_scratch(a);
   if (n_threads < 1) n_threads = 1;

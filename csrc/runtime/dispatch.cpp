@@ -61,15 +61,15 @@ KernelTable make_table(Isa isa) {
   const KernelTuning k = tuning();
   if (isa == Isa::avx2) {
     fill_dequant_avx2(t);
-    fill_ops_avx2(t);
+    fill_ops_avx2(t, k);
     fill_matmul_avx2(t, k);
   }
   if (isa == Isa::avx512) {
     fill_dequant_avx2(t);
-    fill_ops_avx2(t);
+    fill_ops_avx2(t, k);
     fill_matmul_avx2(t, k);
     fill_dequant_avx512(t);
-    fill_ops_avx512(t);
+    fill_ops_avx512(t, k);
     fill_matmul_avx512(t, k);
   }
 #endif

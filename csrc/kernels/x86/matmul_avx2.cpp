@@ -94,13 +94,10 @@ PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-// Bytes ahead of the current weights that the exact kernels request, where they do.
-constexpr int64_t kExactFetchAhead = 4096;
-
 // One row of W against MT activation rows; per element: four accumulators over each
 // 32-run of k, summed (a0 + a1) + (a2 + a3) at the end. One weight row at a time keeps a
 // GEMV to a single sequential stream, which reads faster than tiles of several rows
-// (docs/tuning.md, "one weight row at a time"); with ahead, the stream's lines kExactFetchAhead
+// (docs/tuning.md, "one weight row at a time"); with ahead, the stream's lines kStreamFetchAhead
 // bytes on (across the row's end: rows are rb apart, back to back) are requested as it goes
 // ("requests ahead on Intel"). In a GEMM each weight load serves the MT activation rows. The
 // AVX-512 table uses these kernels too (see fill_matmul_avx512).
@@ -113,7 +110,7 @@ PYINFER_INLINE void exact_tile(int type, int MT, bool ahead, const uint8_t* row,
   for (int64_t k = 0; k < K; k += 32) {
     if (ahead)  // 32 weights: one or two lines
       for (int64_t o = 0; o < 32 * eb; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(row) + k * eb + o + kExactFetchAhead, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(row) + k * eb + o + kStreamFetchAhead, _MM_HINT_T0);
     __m256 wv[4];
     for (int i = 0; i < 4; ++i) wv[i] = load_w8(type, row, k + 8 * i);
     for (int c = 0; c < MT; ++c)

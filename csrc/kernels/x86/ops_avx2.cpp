@@ -220,7 +220,13 @@ inline __m256 kv8_full(const void* p, int64_t idx) {
 // NB * 16 positions, two vectors per block. Each K vector load feeds RG multiply-adds, and
 // each score is one multiply-add chain over d = 0..head_dim-1 in order, so its bits do not
 // depend on RG or NB.
-template <int RG, int NB, bool F16>
+// With AHEAD, each load that starts a line requests the line kStreamFetchAhead bytes on.
+template <bool AHEAD>
+inline void fetch_ahead(const void* p, int64_t byte) {
+  if (AHEAD && byte % 64 == 0) _mm_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, _MM_HINT_T0);
+}
+
+template <int RG, int NB, bool F16, bool AHEAD>
 inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls) {
   __m256 acc[RG][2 * NB];
   UNROLL for (int r = 0; r < RG; ++r)
@@ -230,6 +236,7 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
     UNROLL for (int n = 0; n < NB; ++n) {
       kv[2 * n] = kv8_full<F16>(k, (n * head_dim + d) * kKeyBlock);
       kv[2 * n + 1] = kv8_full<F16>(k, (n * head_dim + d) * kKeyBlock + 8);
+      fetch_ahead<AHEAD>(k, (n * head_dim + d) * kKeyBlock * (F16 ? 2 : 4));
     }
     UNROLL for (int r = 0; r < RG; ++r) {
       const __m256 qd = _mm256_broadcast_ss(g.q[r] + d);
@@ -246,12 +253,13 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
 // [i0, i0 + 8 C), the last chunk holding `tail` (1..8) of them. With SOME, only the queries
 // whose own range holds j add, which leaves the others' sums exactly as if j were skipped.
 // Each V vector load feeds RG multiply-adds; each sum is one chain over j in order.
-template <int RG, int C, bool F16, bool SOME>
+template <int RG, int C, bool F16, bool AHEAD, bool SOME>
 inline void weigh_range(__m256 (&acc)[RG][C], const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base,
                         const void* v, int64_t j0, int64_t j1, int64_t head_dim, int64_t i0, int64_t tail) {
   for (int64_t j = j0; j <= j1; ++j) {
     const int64_t at = j * head_dim + i0;
     __m256 vv[C];
+    UNROLL for (int c = 0; c < C; ++c) fetch_ahead<AHEAD>(v, (at + 8 * c) * (F16 ? 2 : 4));
     UNROLL for (int c = 0; c < C - 1; ++c) vv[c] = kv8_full<F16>(v, at + 8 * c);
     vv[C - 1] = tail == 8 ? kv8_full<F16>(v, at + 8 * (C - 1)) : kv8(v, at + 8 * (C - 1), tail, F16);
     UNROLL for (int r = 0; r < RG; ++r) {
@@ -265,16 +273,16 @@ inline void weigh_range(__m256 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
 // out[r][i0 .. i0 + 8 C) = inv[r] * sum over j in first[r]..last[r] of p[r * ls + j - base] v[j].
 // The positions all RG queries see go through the plain loop; rows of a tile that end (or,
 // with a window, start) at different positions leave a few at either end for the other one.
-template <int RG, int C, bool F16>
+template <int RG, int C, bool F16, bool AHEAD>
 inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base, const void* v,
                          int64_t head_dim, int64_t i0, int64_t tail, const float* inv) {
   __m256 acc[RG][C];
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const AttnReach a = attn_reach(g);
-  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, a.lo, a.all_lo - 1, head_dim, i0, tail);
-  weigh_range<RG, C, F16, false>(acc, g, p, ls, base, v, a.all_lo, a.all_hi, head_dim, i0, tail);
-  weigh_range<RG, C, F16, true>(acc, g, p, ls, base, v, a.all_hi + 1, a.hi, head_dim, i0, tail);
+  weigh_range<RG, C, F16, AHEAD, true>(acc, g, p, ls, base, v, a.lo, a.all_lo - 1, head_dim, i0, tail);
+  weigh_range<RG, C, F16, AHEAD, false>(acc, g, p, ls, base, v, a.all_lo, a.all_hi, head_dim, i0, tail);
+  weigh_range<RG, C, F16, AHEAD, true>(acc, g, p, ls, base, v, a.all_hi + 1, a.hi, head_dim, i0, tail);
   UNROLL for (int r = 0; r < RG; ++r) {
     const __m256 iv = _mm256_set1_ps(inv[r]);
     UNROLL for (int c = 0; c < C; ++c)
@@ -282,43 +290,54 @@ inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, i
   }
 }
 
-// RG queries of a tile, numbered from i0 row-major over (row, head) (see AttnTile): scores
-// over the tile's key blocks b0..b1, softmax over each query's own positions, then the
-// weighted sums of V a slice of the output at a time. s: the group's rows of ls scores. Block
-// and slice counts keep accumulators, loaded vectors and a broadcast within the 16 registers.
-template <int RG, bool F16>
-void attend(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, float* s, int64_t ls) {
-  const int64_t hd = t.head_dim;
-  const AttnQueries<RG> g = attn_queries<RG>(t, i0);
-  constexpr int NB = RG >= 3 ? 1 : 2;
-  attn_key_blocks<NB>(t, b0, b1, F16 ? 2 : 4, [&](auto nb, const void* k, int64_t at) {
-    score_blocks<RG, decltype(nb)::value, F16>(g, hd, k, t.scale, s + at, ls);
-  });
-  const int64_t base = b0 * kKeyBlock;
-  float inv[RG];
-  attn_softmax(g, s, ls, base, inv, [](float* p, int64_t n) { return exp_shift_sum(p, p, n, max_f32(p, n)); });
-  constexpr int C = RG <= 2 ? 4 : RG == 3 ? 3 : 2;
-  for (int64_t i = 0; i < hd; i += 8 * C) {
-    const int64_t rest = hd - i, chunks = (rest + 7) / 8;
-    const int64_t tail = rest >= 8 * C ? 8 : rest - 8 * (chunks - 1);
-    if (chunks >= C) weigh_values<RG, C, F16>(g, s, ls, base, t.v, hd, i, tail, inv);
-    else if (chunks == 3) weigh_values<RG, 3, F16>(g, s, ls, base, t.v, hd, i, tail, inv);
-    else if (chunks == 2) weigh_values<RG, 2, F16>(g, s, ls, base, t.v, hd, i, tail, inv);
-    else weigh_values<RG, 1, F16>(g, s, ls, base, t.v, hd, i, tail, inv);
+// The steps of attention for RG queries of a tile, numbered from i0 row-major over (row, head)
+// (see AttnTile); s: their rows of ls scores, from the first position of the span's block b0
+// (the three steps AttnEntries, in attn_groups.h, takes). Block and slice counts keep
+// accumulators, loaded vectors and a broadcast within the 16 registers. Scores against key
+// blocks [bs, be) of the span b0..b1.
+template <bool F16, bool AHEAD>
+struct Steps {
+  template <int RG>
+  static void scores(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, int64_t bs, int64_t be, float* s, int64_t ls) {
+    const AttnQueries<RG> g = attn_queries<RG>(t, i0);
+    constexpr int NB = RG >= 3 ? 1 : 2;
+    attn_key_blocks<NB>(t, b0, b1, bs, be, F16 ? 2 : 4, [&](auto nb, const void* k, int64_t at) {
+      score_blocks<RG, decltype(nb)::value, F16, AHEAD>(g, t.head_dim, k, t.scale, s + at, ls);
+    });
   }
-}
 
-// The tile's queries in register groups (attn_groups).
-template <bool F16>
-void attention_avx2(const AttnTile& t) {
-  attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
-    attend<decltype(rg)::value, F16>(t, i, b0, b1, s, ls);
-  });
+  // exp(x - max) in place; returns their sum.
+  static float exp_sum(float* p, int64_t n) { return exp_shift_sum(p, p, n, max_f32(p, n)); }
+
+  // Output elements [c0, c1) (c0 a multiple of 8), a slice at a time: the weighted sums of V.
+  template <int RG>
+  static void weigh(const AttnTile& t, int64_t i0, int64_t b0, const float* s, int64_t ls, const float* inv, int64_t c0,
+                  int64_t c1) {
+    const AttnQueries<RG> g = attn_queries<RG>(t, i0);
+    const int64_t base = b0 * kKeyBlock, hd = t.head_dim;
+    constexpr int C = RG <= 2 ? 4 : RG == 3 ? 3 : 2;
+    for (int64_t i = c0; i < c1; i += 8 * C) {
+      const int64_t rest = c1 - i, chunks = (rest + 7) / 8;
+      const int64_t tail = rest >= 8 * C ? 8 : rest - 8 * (chunks - 1);
+      if (chunks >= C) weigh_values<RG, C, F16, AHEAD>(g, s, ls, base, t.v, hd, i, tail, inv);
+      else if (chunks == 3) weigh_values<RG, 3, F16, AHEAD>(g, s, ls, base, t.v, hd, i, tail, inv);
+      else if (chunks == 2) weigh_values<RG, 2, F16, AHEAD>(g, s, ls, base, t.v, hd, i, tail, inv);
+      else weigh_values<RG, 1, F16, AHEAD>(g, s, ls, base, t.v, hd, i, tail, inv);
+    }
+  }
+};
+
+template <bool AHEAD>
+void fill_attention(KernelSet& t) {
+  t.attention[KV_F32] = AttnEntries<Steps<false, AHEAD>>::whole;
+  t.attention[KV_F16] = AttnEntries<Steps<true, AHEAD>>::whole;
+  t.attention_steps[KV_F32] = AttnEntries<Steps<false, AHEAD>>::steps();
+  t.attention_steps[KV_F16] = AttnEntries<Steps<true, AHEAD>>::steps();
 }
 
 }  // namespace
 
-void fill_ops_avx2(KernelSet& t) {
+void fill_ops_avx2(KernelSet& t, const KernelTuning& tuning) {
   t.rms_norm_f32 = rms_norm_f32_avx2;
   t.rope_f32 = rope_f32_avx2;
   t.swiglu_f32 = swiglu_f32_avx2;
@@ -326,8 +345,8 @@ void fill_ops_avx2(KernelSet& t) {
   t.add_f32 = add_f32_avx2;
   t.softmax_f32 = softmax_f32_avx2;
   t.f32_to_f16 = f32_to_f16_avx2;
-  t.attention[KV_F32] = attention_avx2<false>;
-  t.attention[KV_F16] = attention_avx2<true>;
+  if (tuning.stream_fetch_ahead) fill_attention<true>(t);
+  else fill_attention<false>(t);
 }
 
 }  // namespace pyinfer

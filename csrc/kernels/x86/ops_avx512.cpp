@@ -198,7 +198,13 @@ inline __m512 kv16(const void* p, int64_t idx, __mmask16 k) {
 // multiply-add chain over d = 0..head_dim-1 in order, so its bits do not depend on RG or NB.
 // KV_Q8_0: ks holds the scales of the blocks' first position, chunk c's at c * ks_stride; each
 // key vector is its int8 elements times their scales before the multiply-adds.
-template <int RG, int NB, int KT>
+// With AHEAD, each load that starts a line requests the line kStreamFetchAhead bytes on.
+template <bool AHEAD>
+inline void fetch_ahead(const void* p, int64_t byte) {
+  if (AHEAD && byte % 64 == 0) _mm_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, _MM_HINT_T0);
+}
+
+template <int RG, int NB, int KT, bool AHEAD>
 inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls,
                          const float* ks, int64_t ks_stride) {
   __m512 acc[RG][NB];
@@ -212,6 +218,7 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
     __m512 kv[NB];
     UNROLL for (int n = 0; n < NB; ++n) {
       kv[n] = kv16<KT>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
+      fetch_ahead<AHEAD>(k, (n * head_dim + d) * kKeyBlock * kv_elem_bytes(KT));
       if (KT == KV_Q8_0) kv[n] = _mm512_mul_ps(kv[n], sv[n]);
       // Pin the vector in a register: GCC would otherwise fold the load into each of the RG
       // multiply-adds as a memory operand, RG loads where one will do (docs/tuning.md,
@@ -234,7 +241,7 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
 // multiply-add leaves the others' sums exactly as if j were skipped. Each V vector load feeds
 // RG multiply-adds; each sum is one chain over j in order. KV_Q8_0: vs holds the values'
 // scales ([n_pos][head_dim / 32]), each value vector its int8 elements times theirs.
-template <int RG, int C, int KT, bool SOME>
+template <int RG, int C, int KT, bool AHEAD, bool SOME>
 inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base,
                         const void* v, const float* vs, int64_t j0, int64_t j1, int64_t head_dim, int64_t i0,
                         const __mmask16 (&m)[C]) {
@@ -243,6 +250,7 @@ inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
     __m512 vv[C];
     UNROLL for (int c = 0; c < C; ++c) {
       vv[c] = kv16<KT>(v, at + 16 * c, m[c]);
+      fetch_ahead<AHEAD>(v, (at + 16 * c) * kv_elem_bytes(KT));
       if (KT == KV_Q8_0)
         vv[c] = _mm512_mul_ps(vv[c], _mm512_set1_ps(vs[(at + 16 * c) / kKvQ8Chunk]));
       __asm__("" : "+v"(vv[c]));  // one load for RG multiply-adds, as in score_blocks
@@ -262,7 +270,7 @@ inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
 // out[r][i0 .. i0 + 16 C) = inv[r] * sum over j in first[r]..last[r] of p[r * ls + j - base] v[j].
 // The positions all RG queries see go through the plain loop; rows of a tile that end (or,
 // with a window, start) at different positions leave a few at either end for the masked one.
-template <int RG, int C, int KT>
+template <int RG, int C, int KT, bool AHEAD>
 inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base, const void* v,
                          const float* vs, int64_t head_dim, int64_t i0, const float* inv) {
   __mmask16 m[C];
@@ -271,9 +279,9 @@ inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, i
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const AttnReach a = attn_reach(g);
-  weigh_range<RG, C, KT, true>(acc, g, p, ls, base, v, vs, a.lo, a.all_lo - 1, head_dim, i0, m);
-  weigh_range<RG, C, KT, false>(acc, g, p, ls, base, v, vs, a.all_lo, a.all_hi, head_dim, i0, m);
-  weigh_range<RG, C, KT, true>(acc, g, p, ls, base, v, vs, a.all_hi + 1, a.hi, head_dim, i0, m);
+  weigh_range<RG, C, KT, AHEAD, true>(acc, g, p, ls, base, v, vs, a.lo, a.all_lo - 1, head_dim, i0, m);
+  weigh_range<RG, C, KT, AHEAD, false>(acc, g, p, ls, base, v, vs, a.all_lo, a.all_hi, head_dim, i0, m);
+  weigh_range<RG, C, KT, AHEAD, true>(acc, g, p, ls, base, v, vs, a.all_hi + 1, a.hi, head_dim, i0, m);
   UNROLL for (int r = 0; r < RG; ++r) {
     const __m512 iv = _mm512_set1_ps(inv[r]);
     UNROLL for (int c = 0; c < C; ++c)
@@ -281,42 +289,55 @@ inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, i
   }
 }
 
-// RG queries of a tile, numbered from i0 row-major over (row, head) (see AttnTile): scores
-// over the tile's key blocks b0..b1, softmax over each query's own positions, then the
-// weighted sums of V, 64 output elements at a time. s: the group's rows of ls scores.
-template <int RG, int KT>
-void attend(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, float* s, int64_t ls) {
-  const int64_t hd = t.head_dim;
-  const AttnQueries<RG> g = attn_queries<RG>(t, i0);
-  // Enough blocks per pass for at least four independent chains (the multiply-add latency).
-  constexpr int NB = RG >= 3 ? 2 : 4;
-  attn_key_blocks<NB>(t, b0, b1, kv_elem_bytes(KT), [&](auto nb, const void* k, int64_t at) {
-    const float* ks = KT == KV_Q8_0 ? t.k_scale + b0 * kKeyBlock + at : nullptr;
-    score_blocks<RG, decltype(nb)::value, KT>(g, hd, k, t.scale, s + at, ls, ks, t.k_scale_stride);
-  });
-  const int64_t base = b0 * kKeyBlock;
-  float inv[RG];
-  attn_softmax(g, s, ls, base, inv, [](float* p, int64_t n) { return exp_shift_sum(p, p, n, max_f32(p, n)); });
-  for (int64_t i = 0; i < hd; i += 64) {
-    const int64_t rest = hd - i;
-    if (rest > 48) weigh_values<RG, 4, KT>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
-    else if (rest > 32) weigh_values<RG, 3, KT>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
-    else if (rest > 16) weigh_values<RG, 2, KT>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
-    else weigh_values<RG, 1, KT>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+// The steps of attention for RG queries of a tile, numbered from i0 row-major over (row, head)
+// (see AttnTile); s: their rows of ls scores, from the first position of the span's block b0
+// (the three steps AttnEntries, in attn_groups.h, takes). Scores against key blocks [bs, be)
+// of the span b0..b1.
+template <int KT, bool AHEAD>
+struct Steps {
+  template <int RG>
+  static void scores(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, int64_t bs, int64_t be, float* s, int64_t ls) {
+    const AttnQueries<RG> g = attn_queries<RG>(t, i0);
+    // Enough blocks per pass for at least four independent chains (the multiply-add latency).
+    constexpr int NB = RG >= 3 ? 2 : 4;
+    attn_key_blocks<NB>(t, b0, b1, bs, be, kv_elem_bytes(KT), [&](auto nb, const void* k, int64_t at) {
+      const float* ks = KT == KV_Q8_0 ? t.k_scale + b0 * kKeyBlock + at : nullptr;
+      score_blocks<RG, decltype(nb)::value, KT, AHEAD>(g, t.head_dim, k, t.scale, s + at, ls, ks, t.k_scale_stride);
+    });
   }
-}
 
-// The tile's queries in register groups (attn_groups).
-template <int KT>
-void attention_avx512(const AttnTile& t) {
-  attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
-    attend<decltype(rg)::value, KT>(t, i, b0, b1, s, ls);
-  });
+  // exp(x - max) in place; returns their sum.
+  static float exp_sum(float* p, int64_t n) { return exp_shift_sum(p, p, n, max_f32(p, n)); }
+
+  // Output elements [c0, c1) (c0 a multiple of 16), 64 at a time: the weighted sums of V.
+  template <int RG>
+  static void weigh(const AttnTile& t, int64_t i0, int64_t b0, const float* s, int64_t ls, const float* inv, int64_t c0,
+                  int64_t c1) {
+    const AttnQueries<RG> g = attn_queries<RG>(t, i0);
+    const int64_t base = b0 * kKeyBlock, hd = t.head_dim;
+    for (int64_t i = c0; i < c1; i += 64) {
+      const int64_t rest = c1 - i;
+      if (rest > 48) weigh_values<RG, 4, KT, AHEAD>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+      else if (rest > 32) weigh_values<RG, 3, KT, AHEAD>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+      else if (rest > 16) weigh_values<RG, 2, KT, AHEAD>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+      else weigh_values<RG, 1, KT, AHEAD>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+    }
+  }
+};
+
+template <bool AHEAD>
+void fill_attention(KernelSet& t) {
+  t.attention[KV_F32] = AttnEntries<Steps<KV_F32, AHEAD>>::whole;
+  t.attention[KV_F16] = AttnEntries<Steps<KV_F16, AHEAD>>::whole;
+  t.attention[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, AHEAD>>::whole;
+  t.attention_steps[KV_F32] = AttnEntries<Steps<KV_F32, AHEAD>>::steps();
+  t.attention_steps[KV_F16] = AttnEntries<Steps<KV_F16, AHEAD>>::steps();
+  t.attention_steps[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, AHEAD>>::steps();
 }
 
 }  // namespace
 
-void fill_ops_avx512(KernelSet& t) {
+void fill_ops_avx512(KernelSet& t, const KernelTuning& tuning) {
   t.rms_norm_f32 = rms_norm_f32_avx512;
   t.rope_f32 = rope_f32_avx512;
   t.swiglu_f32 = swiglu_f32_avx512;
@@ -324,9 +345,8 @@ void fill_ops_avx512(KernelSet& t) {
   t.add_f32 = add_f32_avx512;
   t.softmax_f32 = softmax_f32_avx512;
   t.f32_to_f16 = f32_to_f16_avx512;
-  t.attention[KV_F32] = attention_avx512<KV_F32>;
-  t.attention[KV_F16] = attention_avx512<KV_F16>;
-  t.attention[KV_Q8_0] = attention_avx512<KV_Q8_0>;
+  if (tuning.stream_fetch_ahead) fill_attention<true>(t);
+  else fill_attention<false>(t);
 }
 
 }  // namespace pyinfer
