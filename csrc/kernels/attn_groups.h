@@ -44,22 +44,13 @@ static inline AttnQueries<RG> attn_queries(const AttnTile& t, int64_t i0) {
   return g;
 }
 
-// The tile's span of key blocks, b0..b1, and the scores each query keeps, ls.
-struct AttnSpan {
-  int64_t b0, b1, ls;
-};
-static inline AttnSpan attn_span_of(const AttnTile& t) {
-  const int64_t b0 = attn_first(t, 0) / kKeyBlock, b1 = (t.last + t.n_rows - 1) / kKeyBlock;
-  return {b0, b1, (b1 - b0 + 1) * kKeyBlock};
-}
-
 // Calls group(Count<rg>(), i, b0, b1, s, ls) for the tile's queries in register groups of at
 // most four, as even as can be (nine: 3 + 3 + 3): queries i..i + rg - 1, key blocks b0..b1
 // (the tile's span), s their rows of ls scores.
 template <class Group>
 static inline void attn_groups(const AttnTile& t, const Group& group) {
-  const AttnSpan sp = attn_span_of(t);
-  const int64_t b0 = sp.b0, b1 = sp.b1, ls = sp.ls, n_q = t.n_rows * t.n_heads;
+  const int64_t b0 = attn_first(t, 0) / kKeyBlock, b1 = (t.last + t.n_rows - 1) / kKeyBlock;
+  const int64_t ls = (b1 - b0 + 1) * kKeyBlock, n_q = t.n_rows * t.n_heads;
   for (int64_t i = 0; i < n_q;) {
     const int64_t left = n_q - i, n_groups = (left + 3) / 4, rg = (left + n_groups - 1) / n_groups;
     float* s = t.scores + i * ls;
@@ -87,6 +78,13 @@ static inline void attn_key_blocks(const AttnTile& t, int64_t b0, int64_t b1, in
   for (; b + NB <= whole_end; b += NB) score(Count<NB>(), k + b * block_bytes, (b - b0) * kKeyBlock);
   for (; b < whole_end; ++b) score(Count<1>(), k + b * block_bytes, (b - b0) * kKeyBlock);
   if (be > b1) score(Count<1>(), t.k_last, (b1 - b0) * kKeyBlock);
+}
+
+// With AHEAD, a read of the cached keys or values at byte `byte` of p that starts a line requests
+// the line kStreamFetchAhead bytes on (KernelTuning::stream_fetch_ahead).
+template <bool AHEAD>
+static inline void attn_fetch_ahead(const void* p, int64_t byte) {
+  if (AHEAD && byte % 64 == 0) __builtin_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, 0, 3);
 }
 
 // Softmax over each query's own positions: its scores (row r of s, position j at

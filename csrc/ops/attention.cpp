@@ -18,6 +18,42 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+// The tile of rows row0..row0 + n_rows - 1 and heads h..h + n_heads - 1 (all of one KV head),
+// all but its scores. The kernels read key blocks transposed: when the tile's last block is
+// the cache's row-major partial one, its rows are transposed into room (head_dim * kKeyBlock
+// elements).
+AttnTile tile_for(const AttentionArgs& a, int64_t row0, int64_t n_rows, int64_t h, int64_t n_heads, float* room) {
+  const KVCache& c = *a.cache;
+  const int64_t hd = c.head_dim(), g = h / (a.n_head / c.n_head_kv());
+  AttnTile t{};
+  t.q_stride = a.q_stride;
+  t.out_stride = a.out_stride;
+  t.n_rows = n_rows;
+  t.n_heads = n_heads;
+  t.last = a.pos + row0;  // row 0's own position: it sees keys up to there
+  t.window = a.window;
+  t.head_dim = hd;
+  t.k_scale_stride = c.k_scale_stride();
+  t.scale = a.scale;
+  t.q = a.q + row0 * a.q_stride + h * hd;
+  t.out = a.out + row0 * a.out_stride + h * hd;
+  const int64_t last = t.last + n_rows - 1;
+  const size_t block_bytes = static_cast<size_t>(hd * kKeyBlock) * c.elem_size();
+  t.k = c.k(a.layer, g);
+  t.k_last = static_cast<const uint8_t*>(t.k) + static_cast<size_t>(last / kKeyBlock) * block_bytes;
+  if (last / kKeyBlock == c.n_pos(a.layer) / kKeyBlock) {
+    with_kv_elem(c.type(), [&](auto e) {
+      using T = decltype(e);
+      transpose_keys(static_cast<const T*>(t.k_last), last % kKeyBlock + 1, hd, reinterpret_cast<T*>(room));
+    });
+    t.k_last = room;
+  }
+  t.v = c.v(a.layer, g);
+  t.k_scale = c.k_scale(a.layer, g);
+  t.v_scale = c.v_scale(a.layer, g);
+  return t;
+}
+
 }  // namespace
 
 void attention_check(const AttentionArgs& a) {
@@ -50,46 +86,18 @@ int64_t attention_items(const AttentionArgs& a) {
 }
 
 void attention_range(const AttentionArgs& a, int64_t begin, int64_t end, float* scratch) {
-  const KVCache& c = *a.cache;
-  const int64_t hd = c.head_dim();
-  const int64_t group = a.n_head / c.n_head_kv(), tile_rows = attention_rows(a);
-  const int64_t partial = c.n_pos(a.layer) / kKeyBlock;  // the row-major block, if any
-  const size_t block_bytes = static_cast<size_t>(hd * kKeyBlock) * c.elem_size();
-  const AttnFn attn = kernels().attention[c.type()];
-  AttnTile tile{};
-  tile.q_stride = a.q_stride;
-  tile.out_stride = a.out_stride;
-  tile.window = a.window;
-  tile.head_dim = hd;
-  tile.k_scale_stride = c.k_scale_stride();
-  tile.scale = a.scale;
-  tile.scores = scratch + hd * kKeyBlock;  // after room for one transposed key block
+  const int64_t group = a.n_head / a.cache->n_head_kv(), tile_rows = attention_rows(a);
+  const AttnFn attn = kernels().attention[a.cache->type()];
   for (int64_t item = begin; item < end;) {
     const int64_t row0 = item / a.n_head * tile_rows, h = item % a.n_head, g = h / group;
     // Heads h..h+n-1: the rest of h's group within the range, in one call.
     const int64_t group_end = (g + 1) * group, range_end = end - item / a.n_head * a.n_head;
-    tile.n_heads = (group_end < range_end ? group_end : range_end) - h;
-    tile.n_rows = a.n_q - row0 < tile_rows ? a.n_q - row0 : tile_rows;
-    tile.q = a.q + row0 * a.q_stride + h * hd;
-    tile.out = a.out + row0 * a.out_stride + h * hd;
-    tile.last = a.pos + row0;  // row 0's own position: it sees keys up to there
-    const int64_t last = tile.last + tile.n_rows - 1;
-    tile.k = c.k(a.layer, g);
-    tile.k_last = static_cast<const uint8_t*>(tile.k) + static_cast<size_t>(last / kKeyBlock) * block_bytes;
-    if (last / kKeyBlock == partial) {
-      // The kernels read blocks transposed: the tile's rows of the partial block, in scratch.
-      const int64_t rows = last % kKeyBlock + 1;
-      with_kv_elem(c.type(), [&](auto e) {
-        using T = decltype(e);
-        transpose_keys(static_cast<const T*>(tile.k_last), rows, hd, reinterpret_cast<T*>(scratch));
-      });
-      tile.k_last = scratch;
-    }
-    tile.v = c.v(a.layer, g);
-    tile.k_scale = c.k_scale(a.layer, g);
-    tile.v_scale = c.v_scale(a.layer, g);
+    const int64_t n_heads = (group_end < range_end ? group_end : range_end) - h;
+    const int64_t n_rows = a.n_q - row0 < tile_rows ? a.n_q - row0 : tile_rows;
+    AttnTile tile = tile_for(a, row0, n_rows, h, n_heads, scratch);
+    tile.scores = scratch + a.cache->head_dim() * kKeyBlock;  // after room for one transposed key block
     attn(tile);
-    item += tile.n_heads;
+    item += n_heads;
   }
 }
 
@@ -121,45 +129,28 @@ constexpr int64_t kStepBlocksMin = 16, kStepBlocksMax = 64;
 // fewer KV heads than threads or they do not divide evenly; a thread that is held up (its core
 // busy elsewhere) leaves its pieces to the others. The steps compute what the one-call kernel
 // computes, query by query, so the bits are the same.
+// The first position a decode step's query at a.pos sees (attn_first of its tile).
+int64_t steps_first(const AttentionArgs& a) {
+  AttnTile t{};
+  t.last = a.pos;
+  t.window = a.window;
+  return attn_first(t, 0);
+}
+
 void attention_by_steps(const AttentionArgs& a, int n_threads, const AttnSteps& steps) {
   const KVCache& c = *a.cache;
   const int64_t hd = c.head_dim(), n_kv = c.n_head_kv(), group = a.n_head / n_kv;
-  AttnTile base{};
-  base.q_stride = a.q_stride;
-  base.out_stride = a.out_stride;
-  base.n_rows = 1;
-  base.n_heads = group;
-  base.last = a.pos;
-  base.window = a.window;
-  base.head_dim = hd;
-  base.k_scale_stride = c.k_scale_stride();
-  base.scale = a.scale;
-  const int64_t b0 = attn_first(base, 0) / kKeyBlock, b1 = a.pos / kKeyBlock, ls = (b1 - b0 + 1) * kKeyBlock;
-  const int64_t partial = c.n_pos(a.layer) / kKeyBlock;
-  const size_t block_bytes = static_cast<size_t>(hd * kKeyBlock) * c.elem_size();
+  const int64_t first = steps_first(a), b0 = first / kKeyBlock, b1 = a.pos / kKeyBlock;
+  const int64_t ls = attn_span(first, a.pos);
   // Per KV head: its queries' scores, their 1 / sums, room for the last key block transposed.
   const int64_t per_head = group * ls + group + hd * kKeyBlock;
   const std::unique_ptr<float[]> buf(new float[static_cast<size_t>(n_kv * per_head)]);  // not zeroed: all written first
-  std::vector<AttnTile> tiles(static_cast<size_t>(n_kv), base);
+  std::vector<AttnTile> tiles;
+  tiles.reserve(static_cast<size_t>(n_kv));
   for (int64_t g = 0; g < n_kv; ++g) {
-    AttnTile& t = tiles[static_cast<size_t>(g)];
     float* mine = buf.get() + g * per_head;
-    t.q = a.q + g * group * hd;
-    t.out = a.out + g * group * hd;
-    t.scores = mine;
-    t.k = c.k(a.layer, g);
-    t.k_last = static_cast<const uint8_t*>(t.k) + static_cast<size_t>(b1) * block_bytes;
-    if (b1 == partial) {
-      float* room = mine + group * ls + group;
-      with_kv_elem(c.type(), [&](auto e) {
-        using T = decltype(e);
-        transpose_keys(static_cast<const T*>(t.k_last), a.pos % kKeyBlock + 1, hd, reinterpret_cast<T*>(room));
-      });
-      t.k_last = room;
-    }
-    t.v = c.v(a.layer, g);
-    t.k_scale = c.k_scale(a.layer, g);
-    t.v_scale = c.v_scale(a.layer, g);
+    tiles.push_back(tile_for(a, 0, 1, g * group, group, mine + group * ls + group));
+    tiles.back().scores = mine;
   }
   const auto inv = [&](int64_t g) { return buf.get() + g * per_head + group * ls; };
   // About four pieces of scores per thread, and the values in runs of 128 bytes of each row
@@ -191,8 +182,7 @@ void attention_by_steps(const AttentionArgs& a, int n_threads, const AttnSteps& 
 void attention(const AttentionArgs& a, int n_threads) {
   attention_check(a);
   const AttnSteps& steps = kernels().attention_steps[a.cache->type()];
-  if (n_threads > 1 && a.n_q == 1 && steps.scores != nullptr && a.pos + 1 >= kStepsMinPositions &&
-      (a.window == 0 || a.window >= kStepsMinPositions)) {
+  if (n_threads > 1 && a.n_q == 1 && steps.scores != nullptr && a.pos + 1 - steps_first(a) >= kStepsMinPositions) {
     attention_by_steps(a, n_threads, steps);
     return;
   }

@@ -220,12 +220,6 @@ inline __m256 kv8_full(const void* p, int64_t idx) {
 // NB * 16 positions, two vectors per block. Each K vector load feeds RG multiply-adds, and
 // each score is one multiply-add chain over d = 0..head_dim-1 in order, so its bits do not
 // depend on RG or NB.
-// With AHEAD, each load that starts a line requests the line kStreamFetchAhead bytes on.
-template <bool AHEAD>
-inline void fetch_ahead(const void* p, int64_t byte) {
-  if (AHEAD && byte % 64 == 0) _mm_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, _MM_HINT_T0);
-}
-
 template <int RG, int NB, bool F16, bool AHEAD>
 inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls) {
   __m256 acc[RG][2 * NB];
@@ -236,7 +230,7 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
     UNROLL for (int n = 0; n < NB; ++n) {
       kv[2 * n] = kv8_full<F16>(k, (n * head_dim + d) * kKeyBlock);
       kv[2 * n + 1] = kv8_full<F16>(k, (n * head_dim + d) * kKeyBlock + 8);
-      fetch_ahead<AHEAD>(k, (n * head_dim + d) * kKeyBlock * (F16 ? 2 : 4));
+      attn_fetch_ahead<AHEAD>(k, (n * head_dim + d) * kKeyBlock * (F16 ? 2 : 4));
     }
     UNROLL for (int r = 0; r < RG; ++r) {
       const __m256 qd = _mm256_broadcast_ss(g.q[r] + d);
@@ -259,7 +253,7 @@ inline void weigh_range(__m256 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
   for (int64_t j = j0; j <= j1; ++j) {
     const int64_t at = j * head_dim + i0;
     __m256 vv[C];
-    UNROLL for (int c = 0; c < C; ++c) fetch_ahead<AHEAD>(v, (at + 8 * c) * (F16 ? 2 : 4));
+    UNROLL for (int c = 0; c < C; ++c) attn_fetch_ahead<AHEAD>(v, (at + 8 * c) * (F16 ? 2 : 4));
     UNROLL for (int c = 0; c < C - 1; ++c) vv[c] = kv8_full<F16>(v, at + 8 * c);
     vv[C - 1] = tail == 8 ? kv8_full<F16>(v, at + 8 * (C - 1)) : kv8(v, at + 8 * (C - 1), tail, F16);
     UNROLL for (int r = 0; r < RG; ++r) {

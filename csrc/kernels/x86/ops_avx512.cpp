@@ -198,12 +198,6 @@ inline __m512 kv16(const void* p, int64_t idx, __mmask16 k) {
 // multiply-add chain over d = 0..head_dim-1 in order, so its bits do not depend on RG or NB.
 // KV_Q8_0: ks holds the scales of the blocks' first position, chunk c's at c * ks_stride; each
 // key vector is its int8 elements times their scales before the multiply-adds.
-// With AHEAD, each load that starts a line requests the line kStreamFetchAhead bytes on.
-template <bool AHEAD>
-inline void fetch_ahead(const void* p, int64_t byte) {
-  if (AHEAD && byte % 64 == 0) _mm_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, _MM_HINT_T0);
-}
-
 template <int RG, int NB, int KT, bool AHEAD>
 inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls,
                          const float* ks, int64_t ks_stride) {
@@ -218,7 +212,7 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
     __m512 kv[NB];
     UNROLL for (int n = 0; n < NB; ++n) {
       kv[n] = kv16<KT>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
-      fetch_ahead<AHEAD>(k, (n * head_dim + d) * kKeyBlock * kv_elem_bytes(KT));
+      attn_fetch_ahead<AHEAD>(k, (n * head_dim + d) * kKeyBlock * kv_elem_bytes(KT));
       if (KT == KV_Q8_0) kv[n] = _mm512_mul_ps(kv[n], sv[n]);
       // Pin the vector in a register: GCC would otherwise fold the load into each of the RG
       // multiply-adds as a memory operand, RG loads where one will do (docs/tuning.md,
@@ -250,7 +244,7 @@ inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
     __m512 vv[C];
     UNROLL for (int c = 0; c < C; ++c) {
       vv[c] = kv16<KT>(v, at + 16 * c, m[c]);
-      fetch_ahead<AHEAD>(v, (at + 16 * c) * kv_elem_bytes(KT));
+      attn_fetch_ahead<AHEAD>(v, (at + 16 * c) * kv_elem_bytes(KT));
       if (KT == KV_Q8_0)
         vv[c] = _mm512_mul_ps(vv[c], _mm512_set1_ps(vs[(at + 16 * c) / kKvQ8Chunk]));
       __asm__("" : "+v"(vv[c]));  // one load for RG multiply-adds, as in score_blocks
