@@ -8,6 +8,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "models/model.h"
@@ -212,6 +213,35 @@ py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t 
     else
       matmul(xp, M, k, wp, w_type, n, yp, p, n_threads);
   }
+  return y;
+}
+
+// Fast mode over several packed matrices sharing x: y[M, sum of n] holds each part's outputs
+// side by side, as a model's fused projections do. parts: (packed w, w_type, n) each.
+py::array_t<float> matmul_parts_py(py::array x, const std::vector<std::tuple<py::array, uint32_t, int64_t>>& parts,
+                                   int64_t k, int n_threads) {
+  if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
+  if (parts.empty() || parts.size() > 8) throw py::value_error("parts must hold 1 to 8 matrices");
+  if (!py::isinstance<py::array_t<float>>(x) || x.ndim() != 2 || (x.flags() & py::array::c_style) == 0 ||
+      x.shape(1) != k)
+    throw py::value_error("x must be a C-contiguous float32 array of shape (M, k=" + std::to_string(k) + ")");
+  int64_t width = 0;
+  for (const auto& [w, type, n] : parts) {
+    const int64_t bytes = packed_bytes(type, n, k);
+    if (n < 1 || bytes < 0 || (w.flags() & py::array::c_style) == 0 || w.nbytes() != bytes)
+      throw py::value_error("each part must be (repack's C-contiguous packed bytes, a packable type id, n >= 1)");
+    width += n;
+  }
+  const int64_t M = x.shape(0);
+  py::array_t<float> y({M, width});
+  std::vector<PackedPart> pp;
+  int64_t at = 0;
+  for (const auto& [w, type, n] : parts) {
+    pp.push_back({w.data(), type, n, y.mutable_data() + at, width});
+    at += n;
+  }
+  py::gil_scoped_release release;
+  matmul_packed_parts(static_cast<const float*>(x.data()), M, k, pp.data(), static_cast<int>(pp.size()), n_threads);
   return y;
 }
 
@@ -680,6 +710,10 @@ PYBIND11_MODULE(_C, m) {
         "kernel, as stored; precision 'fast' (int8 activations, integer dots, for Q8_0, Q4_0, Q4_1, Q5_0, "
         "Q5_1, Q4_K, Q5_K and Q6_K; "
         "the exact path for other types) or 'exact' (float32).");
+  m.def("matmul_parts", &matmul_parts_py, py::arg("x"), py::arg("parts"), py::arg("k"), py::kw_only(),
+        py::arg("n_threads") = 1,
+        "Fast mode over packed matrices sharing x, in one job: y[M, sum of n] with each part's "
+        "outputs side by side; parts are (packed w, w_type, n) tuples.");
   m.def("repack", &repack_py, py::arg("w"), py::arg("w_type"), py::arg("n"), py::arg("k"),
         "Weights of an int8 fast type, n rows -> the 16-row interleaved layout matmul(packed=True) "
         "takes (n padded to a multiple of 16).");

@@ -25,7 +25,6 @@ struct Gemma3Layer {
   const float* ffn_norm = nullptr;
   WeightRef gate, up, down;  // [n_ff][n_embd] twice, [n_embd][n_ff]
   const float* post_ffn_norm = nullptr;
-  WeightRef qkv, gate_up;  // fused copies for the fast path (see LlamaLayer)
 };
 
 class Gemma3Model final : public Model {
@@ -118,7 +117,7 @@ void Gemma3Model::forward(const std::vector<Segment>& segs, int64_t n_rows, Scra
     if (il == 0)
       for_rows(n_threads, n_rows,
                [&](int64_t r0, int64_t n) { rms_norm_rows(x + r0 * E, L.attn_norm, xn + r0 * E, n, E, eps); });
-    const Projected qkv = project(L.qkv, {&L.wq, &L.wk, &L.wv}, xn, n_rows, s.qkv.data(), precision, n_threads);
+    const Projected qkv = project({&L.wq, &L.wk, &L.wv}, xn, n_rows, s.qkv.data(), precision, n_threads);
     float *q = qkv.part[0], *k = qkv.part[1], *v = qkv.part[2];
     const int64_t qs = qkv.stride[0], ks = qkv.stride[1];
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
@@ -140,7 +139,7 @@ void Gemma3Model::forward(const std::vector<Segment>& segs, int64_t n_rows, Scra
       add_vec(x + r0 * E, xn + r0 * E, x + r0 * E, n * E);
       rms_norm_rows(x + r0 * E, L.ffn_norm, xn + r0 * E, n, E, eps);
     });
-    const Projected gu = project(L.gate_up, {&L.gate, &L.up}, xn, n_rows, s.ffn.data(), precision, n_threads);
+    const Projected gu = project({&L.gate, &L.up}, xn, n_rows, s.ffn.data(), precision, n_threads);
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
       for (int64_t r = r0; r < r0 + n; ++r)
         geglu_vec(gu.part[0] + r * gu.stride[0], gu.part[1] + r * gu.stride[1], act + r * F, F);

@@ -32,11 +32,8 @@ struct LlamaLayer {
   WeightRef gate;                   // [n_ff][n_embd]
   WeightRef up;                     // [n_ff][n_embd]
   WeightRef down;                   // [n_embd][n_ff]
-  // [wq; wk; wv] as one matrix of q_dim + 2 * kv_dim rows and [gate; up] of 2 * n_ff rows.
-  // Either the file's own (data set: the parts above are empty, and every path multiplies by
-  // it), or a copy made for the fast path when repacking could (same type, each part a whole
-  // number of 16-row groups; only `packed` set, the parts' own `packed` pointing into it), so
-  // a layer's input is quantized, and the pool started, once per group instead of per matrix.
+  // [wq; wk; wv] as one matrix of q_dim + 2 * kv_dim rows and [gate; up] of 2 * n_ff rows,
+  // where the file stores them fused (the parts above are then empty).
   WeightRef qkv;
   WeightRef gate_up;
 };
@@ -109,27 +106,23 @@ class LlamaModel final : public Model {
  private:
   static bool flag(const Params& p, const char* name) { return p.get(name, 0.0) != 0; }
 
-  // Each layer's matrices in the order a forward pass reads them (a file's fused matrix as one,
-  // separate parts grouped when they can be), then the output head.
+  // Each layer's matrices in the order a forward pass reads them (a file's fused matrix as
+  // one), then the output head.
   void repack_all() {
-    std::vector<RepackItem> items;
+    std::vector<WeightRef*> items;
     for (LlamaLayer& L : layers_) {
-      if (L.qkv.data != nullptr) {
-        items.push_back({&L.qkv, nullptr});
-      } else {
-        const bool f = fusable({&L.wq, &L.wk, &L.wv});
-        for (WeightRef* w : {&L.wq, &L.wk, &L.wv}) items.push_back({w, f ? &L.qkv : nullptr});
-      }
-      items.push_back({&L.wo, nullptr});
-      if (L.gate_up.data != nullptr) {
-        items.push_back({&L.gate_up, nullptr});
-      } else {
-        const bool f = fusable({&L.gate, &L.up});
-        for (WeightRef* w : {&L.gate, &L.up}) items.push_back({w, f ? &L.gate_up : nullptr});
-      }
-      items.push_back({&L.down, nullptr});
+      if (L.qkv.data != nullptr)
+        items.push_back(&L.qkv);
+      else
+        for (WeightRef* w : {&L.wq, &L.wk, &L.wv}) items.push_back(w);
+      items.push_back(&L.wo);
+      if (L.gate_up.data != nullptr)
+        items.push_back(&L.gate_up);
+      else
+        for (WeightRef* w : {&L.gate, &L.up}) items.push_back(w);
+      items.push_back(&L.down);
     }
-    items.push_back({&output_, nullptr});
+    items.push_back(&output_);
     repack(items);
   }
 
@@ -207,7 +200,7 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
                [&](int64_t r0, int64_t n) { rms_norm_rows(x + r0 * E, L.attn_norm, xn + r0 * E, n, E, eps); });
     const Projected qkv = L.qkv.data != nullptr
                               ? project_stored(L.qkv, qkv_widths, 3, xn, n_rows, s.qkv.data(), precision, n_threads)
-                              : project(L.qkv, {&L.wq, &L.wk, &L.wv}, xn, n_rows, s.qkv.data(), precision, n_threads);
+                              : project({&L.wq, &L.wk, &L.wv}, xn, n_rows, s.qkv.data(), precision, n_threads);
     float *q = qkv.part[0], *k = qkv.part[1], *v = qkv.part[2];
     const int64_t qs = qkv.stride[0], ks = qkv.stride[1], vs = qkv.stride[2];
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
@@ -239,7 +232,7 @@ void LlamaModel::forward(const std::vector<Segment>& segs, int64_t n_rows, Scrat
     // [n_rows][F]; silu(gate) * up goes to act [n_rows][F].
     const Projected gu = L.gate_up.data != nullptr
                              ? project_stored(L.gate_up, gu_widths, 2, xn, n_rows, s.ffn.data(), precision, n_threads)
-                             : project(L.gate_up, {&L.gate, &L.up}, xn, n_rows, s.ffn.data(), precision, n_threads);
+                             : project({&L.gate, &L.up}, xn, n_rows, s.ffn.data(), precision, n_threads);
     for_rows(n_threads, n_rows, [&](int64_t r0, int64_t n) {
       for (int64_t r = r0; r < r0 + n; ++r)
         swiglu_vec(gu.part[0] + r * gu.stride[0], gu.part[1] + r * gu.stride[1], act + r * F, F);

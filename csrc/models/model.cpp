@@ -180,20 +180,10 @@ void Model::output_head(const float* x, const int64_t* out_rows, int64_t n_out, 
   if (logits != nullptr) matmul(output, xn, n_out, logits, precision, n_threads);
 }
 
-bool fusable(const std::vector<const WeightRef*>& parts) {
-  const WeightRef& first = *parts.front();
-  size_t i = 0;
-  for (const WeightRef* w : parts) {
-    if (w->type != first.type || w->cols != first.cols || packed_bytes(w->type, w->rows, w->cols) < 0) return false;
-    if (++i < parts.size() && w->rows % kPackRows != 0) return false;
-  }
-  return true;
-}
-
-void Model::repack(const std::vector<RepackItem>& items) {
+void Model::repack(const std::vector<WeightRef*>& items) {
   int64_t total_bytes = 0;
-  for (const RepackItem& it : items) {
-    const int64_t n = packed_bytes(it.w->type, it.w->rows, it.w->cols);
+  for (const WeightRef* w : items) {
+    const int64_t n = packed_bytes(w->type, w->rows, w->cols);
     if (n > 0) total_bytes = checked_add(total_bytes, n, "repacked weight bytes");
   }
   const size_t total = to_size(total_bytes, "repacked weight bytes");
@@ -208,28 +198,25 @@ void Model::repack(const std::vector<RepackItem>& items) {
   madvise(packed_arena_.get(), alloc, MADV_HUGEPAGE);  // advice only: failure leaves small pages
 #endif
   uint8_t* p = packed_arena_.get();
-  for (const RepackItem& it : items) {
-    WeightRef& w = *it.w;
-    const int64_t n = packed_bytes(w.type, w.rows, w.cols);
+  for (WeightRef* w : items) {
+    const int64_t n = packed_bytes(w->type, w->rows, w->cols);
     if (n <= 0) continue;  // no interleaved layout for this type: stays as stored
-    repack16(w.data, w.type, w.rows, w.cols, p);
-    w.packed = p;
-    if (it.fused != nullptr) {
-      WeightRef& f = *it.fused;
-      if (f.packed == nullptr) f = WeightRef{nullptr, w.type, 0, w.cols, p};
-      f.rows += w.rows;
-    }
+    repack16(w->data, w->type, w->rows, w->cols, p);
+    w->packed = p;
     p += n;
   }
   repacked_bytes_ = total;
 }
 
-Projected project(const WeightRef& fused, const std::vector<const WeightRef*>& parts, const float* xn, int64_t n_rows,
-                  float* buf, Precision precision, int n_threads) {
+Projected project(const std::vector<const WeightRef*>& parts, const float* xn, int64_t n_rows, float* buf,
+                  Precision precision, int n_threads) {
   Projected p{};
-  const bool one = precision == Precision::fast && fused.packed != nullptr;
+  bool one = precision == Precision::fast;
   int64_t width = 0;
-  for (const WeightRef* w : parts) width += w->rows;
+  for (const WeightRef* w : parts) {
+    one = one && w->packed != nullptr && w->cols == parts.front()->cols;
+    width += w->rows;
+  }
   float* at = buf;
   for (size_t i = 0; i < parts.size(); ++i) {
     p.part[i] = at;
@@ -237,7 +224,10 @@ Projected project(const WeightRef& fused, const std::vector<const WeightRef*>& p
     at += one ? parts[i]->rows : n_rows * parts[i]->rows;
   }
   if (one) {
-    Model::matmul(fused, xn, n_rows, buf, precision, n_threads);
+    PackedPart pp[3];
+    for (size_t i = 0; i < parts.size(); ++i)
+      pp[i] = {parts[i]->packed, parts[i]->type, parts[i]->rows, p.part[i], width};
+    matmul_packed_parts(xn, n_rows, parts.front()->cols, pp, static_cast<int>(parts.size()), n_threads);
   } else {
     for (size_t i = 0; i < parts.size(); ++i) Model::matmul(*parts[i], xn, n_rows, p.part[i], precision, n_threads);
   }

@@ -27,10 +27,6 @@ struct WeightRef {
   const void* packed = nullptr;  // the same matrix in the 16-row interleaved layout, if made
 };
 
-// Whether parts can share one packed matrix: one packable type and K, and every part but the
-// last a whole number of 16-row groups (so each part starts on a group of its own).
-bool fusable(const std::vector<const WeightRef*>& parts);
-
 // The tensors a model is built from, by GGUF name. An architecture takes the ones it reads;
 // any tensor left over is refused, so no tensor of a file is silently ignored.
 class TensorMap {
@@ -124,31 +120,18 @@ class Model {
  protected:
   explicit Model(const ModelDims& dims) : dims_(dims) {}
 
-  // One matrix to repack, and the fused matrix it starts or belongs to (or nullptr): parts of
-  // a fused group are listed back to back.
-  struct RepackItem {
-    WeightRef* w;
-    WeightRef* fused;
-  };
-  // Repacks every item whose type has the 16-row interleaved layout into one arena, in the
+  // Repacks every matrix whose type has the 16-row interleaved layout into one arena, in the
   // order given (the order a forward pass reads them: a decode step streams it front to
-  // back), setting `packed`; a fused group's reference gets the group's rows.
-  void repack(const std::vector<RepackItem>& items);
+  // back), setting `packed`.
+  void repack(const std::vector<WeightRef*>& items);
   // repack() for layers with the llama family's matrices (members wq, wk, wv, wo, gate, up,
-  // down, and the fused qkv and gate_up they may form), each layer's in the order a forward
-  // pass reads them, fused groups back to back, then the output head.
+  // down), each layer's in the order a forward pass reads them, then the output head.
   template <class Layer>
   void repack_layers(std::vector<Layer>& layers, WeightRef& output) {
-    std::vector<RepackItem> items;
-    for (Layer& L : layers) {
-      const bool f_qkv = fusable({&L.wq, &L.wk, &L.wv});
-      for (WeightRef* w : {&L.wq, &L.wk, &L.wv}) items.push_back({w, f_qkv ? &L.qkv : nullptr});
-      items.push_back({&L.wo, nullptr});
-      const bool f_gu = fusable({&L.gate, &L.up});
-      for (WeightRef* w : {&L.gate, &L.up}) items.push_back({w, f_gu ? &L.gate_up : nullptr});
-      items.push_back({&L.down, nullptr});
-    }
-    items.push_back({&output, nullptr});
+    std::vector<WeightRef*> items;
+    for (Layer& L : layers)
+      for (WeightRef* w : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) items.push_back(w);
+    items.push_back(&output);
     repack(items);
   }
 
@@ -268,11 +251,11 @@ struct Projected {
   float* part[3];
   int64_t stride[3];
 };
-// y = xn @ W^T for each of parts (2 or 3 matrices of n_embd columns): one matmul through the
-// fused copy in fast mode when there is one (each row's parts side by side in buf), else one
-// per part (one block of n_rows rows after another in buf).
-Projected project(const WeightRef& fused, const std::vector<const WeightRef*>& parts, const float* xn, int64_t n_rows,
-                  float* buf, Precision precision, int n_threads);
+// y = xn @ W^T for each of parts (2 or 3 matrices of n_embd columns): in fast mode with every
+// part repacked, one job over all of them, whatever their types (each row's parts side by side
+// in buf); else one matmul per part (one block of n_rows rows after another in buf).
+Projected project(const std::vector<const WeightRef*>& parts, const float* xn, int64_t n_rows, float* buf,
+                  Precision precision, int n_threads);
 
 // Takes one layer's tensors ("blk.<layer>.<name>") from a map and checks them.
 struct LayerTensors {

@@ -72,19 +72,25 @@ void over_chunks(int n_threads, int64_t M, int64_t N, int64_t row_bytes, const C
   });
 }
 
-// Fast mode on either layout: each row of x[M, K] quantized once to K/32 blocks (rows split
-// over the threads), then fn on each chunk of W, whose data for row n0 starts at w_at(n0).
-template <class WAt>
-void matmul_fast_rows(const KernelTable& kt, MatmulFastFn fn, const WAt& w_at, int64_t row_bytes, const float* x,
-                      int64_t M, int64_t K, int64_t N, float* y, int n_threads) {
+// Fast mode's activations: each row of x[M, K] quantized once to K/32 blocks (rows split over
+// the threads).
+std::unique_ptr<block_q8a[]> quantize_rows(const KernelTable& kt, const float* x, int64_t M, int64_t K, int n_threads) {
   const int64_t nb = K / QK8_A;
   // Not zeroed: quantize_act writes every field of every block.
-  const std::unique_ptr<block_q8a[]> xq(new block_q8a[static_cast<size_t>(M * nb)]);  // [M, K/32]
+  std::unique_ptr<block_q8a[]> xq(new block_q8a[static_cast<size_t>(M * nb)]);  // [M, K/32]
   parallel_for(n_threads, M, 8, [&](int64_t m0, int64_t m1, int) {
     for (int64_t m = m0; m < m1; ++m) kt.quantize_act(x + m * K, xq.get() + m * nb, K);
   });
+  return xq;
+}
+
+// Fast mode on W as stored: x quantized, then fn on each chunk of W.
+void matmul_fast_rows(const KernelTable& kt, MatmulFastFn fn, const uint8_t* w, int64_t row_bytes, const float* x,
+                      int64_t M, int64_t K, int64_t N, float* y, int n_threads) {
+  const int64_t nb = K / QK8_A;
+  const std::unique_ptr<block_q8a[]> xq = quantize_rows(kt, x, M, K, n_threads);
   over_chunks(n_threads, M, N, row_bytes, [&](int64_t n0, int64_t n1, int64_t m0, int64_t mc) {
-    fn(w_at(n0), row_bytes, xq.get() + m0 * nb, mc, K, n1 - n0, y + m0 * N + n0, N);
+    fn(w + n0 * row_bytes, row_bytes, xq.get() + m0 * nb, mc, K, n1 - n0, y + m0 * N + n0, N);
   });
 }
 
@@ -104,9 +110,7 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
   const KernelTable& kt = kernels();
   const auto* wb = static_cast<const uint8_t*>(w);
   if (precision == Precision::fast && kt.matmul_fast[w_type] != nullptr) {
-    matmul_fast_rows(
-        kt, kt.matmul_fast[w_type], [&](int64_t n0) { return wb + n0 * row_bytes; }, row_bytes, x, M, K, N, y,
-        n_threads);
+    matmul_fast_rows(kt, kt.matmul_fast[w_type], wb, row_bytes, x, M, K, N, y, n_threads);
     return;
   }
 
@@ -202,6 +206,51 @@ void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w
   }
 }
 
+void matmul_packed_parts(const float* x, int64_t M, int64_t K, const PackedPart* parts, int n_parts, int n_threads) {
+  if (M < 0) throw std::invalid_argument("matmul: negative M");
+  const KernelTable& kt = kernels();
+  // Each part's 16-row groups, laid end to end: part i's start in bytes.
+  std::vector<int64_t> start(static_cast<size_t>(n_parts) + 1, 0);
+  for (int i = 0; i < n_parts; ++i) {
+    const PackedPart& p = parts[i];
+    check_packable(p.w_type, p.N, K);
+    if (p.N < 0 || p.ldy < p.N) throw std::invalid_argument("matmul: negative N or a row stride below N");
+    if (kt.matmul_fast_packed[p.w_type] == nullptr)
+      throw std::invalid_argument("matmul: no packed fast kernel for weight type id " + std::to_string(p.w_type) +
+                                  type_label(p.w_type));
+    start[i + 1] = start[i] + packed_bytes(p.w_type, p.N, K);
+  }
+  const int64_t total = start[static_cast<size_t>(n_parts)];
+  if (M == 0 || total == 0) return;
+  if (n_threads < 1) n_threads = 1;
+  const int64_t nb = K / QK8_A;
+  const std::unique_ptr<block_q8a[]> xq = quantize_rows(kt, x, M, K, n_threads);
+  // One contiguous share of the bytes per thread; where the activations come in several
+  // blocks of kRowsM rows, shares of at most kChunkBytes, so a share stays in L2 while each
+  // block passes over it, as many for each thread. A group goes to the share its first byte
+  // falls in.
+  int64_t n_chunks = n_threads;
+  if (M > kRowsM) n_chunks *= (total + kChunkBytes * n_threads - 1) / (kChunkBytes * n_threads);
+  parallel_for(n_threads, n_chunks, 1, [&](int64_t c0, int64_t c1, int) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t lo = total * c / n_chunks, hi = total * (c + 1) / n_chunks;
+      for (int i = 0; i < n_parts; ++i) {
+        const PackedPart& p = parts[i];
+        const int64_t row_bytes = matmul_row_bytes(p.w_type, K), gb = kPackRows * row_bytes;
+        const int64_t a = start[i], b = start[i + 1];
+        if (hi <= a || lo >= b) continue;
+        const int64_t g0 = lo <= a ? 0 : (lo - a + gb - 1) / gb, g1 = hi >= b ? (b - a) / gb : (hi - a + gb - 1) / gb;
+        const int64_t n0 = g0 * kPackRows, n1 = g1 * kPackRows < p.N ? g1 * kPackRows : p.N;
+        if (n0 >= n1) continue;
+        const auto* w = static_cast<const uint8_t*>(p.packed) + g0 * gb;
+        for (int64_t m0 = 0; m0 < M; m0 += kRowsM)
+          kt.matmul_fast_packed[p.w_type](w, row_bytes, xq.get() + m0 * nb, M - m0 < kRowsM ? M - m0 : kRowsM, K,
+                                          n1 - n0, p.y + m0 * p.ldy + n0, p.ldy);
+      }
+    }
+  });
+}
+
 void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type, int64_t N, float* y,
                    Precision precision, int n_threads) {
   check_packable(w_type, N, K);
@@ -213,12 +262,8 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   const int64_t group_bytes = kPackRows * row_bytes;
   const auto* wp = static_cast<const uint8_t*>(packed);
   if (precision == Precision::fast) {
-    if (kt.matmul_fast_packed[w_type] == nullptr)
-      throw std::invalid_argument("matmul: no packed fast kernel for weight type id " + std::to_string(w_type) +
-                                  type_label(w_type));
-    matmul_fast_rows(
-        kt, kt.matmul_fast_packed[w_type], [&](int64_t n0) { return wp + n0 / kPackRows * group_bytes; }, row_bytes, x,
-        M, K, N, y, n_threads);
+    const PackedPart part{packed, w_type, N, y, N};
+    matmul_packed_parts(x, M, K, &part, 1, n_threads);
     return;
   }
   // Exact mode: unpack a group to blocks as stored, dequantize, multiply as float32 rows, as

@@ -34,6 +34,20 @@ void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w
 void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type, int64_t N, float* y,
                    Precision precision, int n_threads);
 
+// One matrix of several that share their input: W[N, K] of type w_type in the packed layout,
+// and y, where its [M, N] outputs go at row stride ldy (>= N).
+struct PackedPart {
+  const void* packed;
+  uint32_t w_type;
+  int64_t N;
+  float* y;
+  int64_t ldy;
+};
+// Fast mode: y_i = x @ W_i^T for each part, x quantized once and every part's rows split over
+// the threads as one job (by bytes, whatever the parts' types), each part's results the same
+// as matmul_packed's.
+void matmul_packed_parts(const float* x, int64_t M, int64_t K, const PackedPart* parts, int n_parts, int n_threads);
+
 // Fast mode's activation quantization (q8_act.h) of x[M, K] (K a multiple of 32), unpacked:
 // q[M, K] int8, d[M, K/32] scales, sum[M, K/32] block sums, h[M, K/32] the split blocks'
 // high parts (0 where not split), jo[M, K/32] each block's largest element. For tests and study.

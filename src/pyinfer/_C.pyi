@@ -60,6 +60,16 @@ def matmul(
     same outputs on every path; a block scale that is not finite makes the same outputs
     non-finite, NaN on one path where another has inf."""
 
+def matmul_parts(
+    x: npt.NDArray[np.float32],
+    parts: abc.Sequence[tuple[npt.NDArray[np.uint8], int, int]],
+    k: int,
+    *,
+    n_threads: int = 1,
+) -> npt.NDArray[np.float32]:
+    """Fast mode over packed matrices (from repack) that share x, in one job: y[M, sum of n],
+    each part's outputs side by side; parts are (packed w, w_type, n) tuples."""
+
 def repack(w: npt.NDArray[Any], w_type: int, n: int, k: int) -> npt.NDArray[np.uint8]:
     """Q8_0/Q4_0/Q4_1 weights of n rows -> the 16-row interleaved layout matmul(packed=True)
     takes (n padded to a multiple of 16)."""
