@@ -17,7 +17,7 @@ import pytest
 from pyinfer import _C
 from pyinfer.bench import studies
 from pyinfer.bench.common import median
-from pyinfer.bench.engines import OpenVINOEngine, parse_llama_bench, peer_makers
+from pyinfer.bench.engines import OpenVINOEngine, llama_bench_peers, parse_llama_bench, peer_makers
 from pyinfer.bench.synthetic import PRESETS, write_synthetic_llama
 from pyinfer.gguf import GGUFReader
 from pyinfer.gguf_types import GGMLType
@@ -282,6 +282,22 @@ def test_openvino_peer_times_the_same_file(default_model: Path, tmp_path: Path) 
     bad.write_bytes(b"GGUF" + bytes(60))
     with pytest.raises(RuntimeError, match="OpenVINO worker"):
         OpenVINOEngine(python, bad, 1)
+
+
+def test_llama_bench_peers_are_named(tmp_path: Path) -> None:
+    """Several llama-bench binaries in one run (llama.cpp's and a fork's), each NAME=PATH named
+    in the report; a bare PATH, even one holding "=", is "llama-bench"; two of one name are
+    refused before anything runs."""
+    odd = tmp_path / "a=b"
+    odd.write_text("")
+    assert llama_bench_peers(None) == []
+    assert llama_bench_peers("/x/llama-bench") == [("llama-bench", "/x/llama-bench")]
+    assert llama_bench_peers(["llama.cpp=/x/llama-bench", "ik=/y/llama-bench", str(odd)]) == [
+        ("llama-bench llama.cpp", "/x/llama-bench"), ("llama-bench ik", "/y/llama-bench"), ("llama-bench", str(odd))]
+    makers, _ = peer_makers(["llama.cpp=/x/llama-bench", "ik=/y/llama-bench"])
+    assert [n for n, _ in makers if n.startswith("llama-bench")] == ["llama-bench llama.cpp", "llama-bench ik"]
+    with pytest.raises(ValueError, match="'llama-bench'"):
+        llama_bench_peers(["/x/llama-bench", "/y/llama-bench"])
 
 
 def test_llama_bench_json_is_parsed() -> None:

@@ -43,7 +43,7 @@ def default_thread_counts() -> list[int]:
 
 def run_bench(studies: list[str] | None = None, *, model: ModelArg = None, quick: bool = False,
               out: str | Path = "bench-results", threads: list[int] | None = None,
-              llama_bench: str | None = None, peers: bool = True, peer_python: str | None = None,
+              llama_bench: list[str] | str | None = None, peers: bool = True, peer_python: str | None = None,
               peer_server: str | None = None, ray: bool = False, openvino_python: str | None = None
               ) -> dict[str, Any]:
     """Run the named studies (all by default) and write their files under `out`, plus
@@ -55,7 +55,8 @@ def run_bench(studies: list[str] | None = None, *, model: ModelArg = None, quick
     if threads and min(threads) < 1:
         raise ValueError("thread counts must be positive")
     s = Settings(model=resolve_model(model), threads=sorted(set(threads or default_thread_counts())),
-                 quick=quick, out=Path(out), llama_bench=llama_bench, openvino_python=openvino_python,
+                 quick=quick, out=Path(out), openvino_python=openvino_python,
+                 llama_bench=[llama_bench] if isinstance(llama_bench, str) else llama_bench,
                  peers=peers, peer_python=peer_python,
                  peer_server=peer_server, ray=ray, env=environment())
     started = time.perf_counter()

@@ -169,8 +169,8 @@ class LlamaBenchEngine(Engine):
     """A llama-bench binary, one repetition per call (its own process: loading is not timed,
     its reported tokens/s is taken as is)."""
 
-    def __init__(self, binary: str, path: Path, n_threads: int) -> None:
-        self.name = "llama-bench"
+    def __init__(self, binary: str, path: Path, n_threads: int, name: str = "llama-bench") -> None:
+        self.name = name
         self.binary, self.path, self.n_threads = binary, path, n_threads
         self.info: dict[str, Any] = {}
 
@@ -359,7 +359,25 @@ def resident_memory(engine: str, path: Path, n_threads: int, n_ctx: int, prompt:
     return out
 
 
-def peer_makers(llama_bench: str | None, openvino_python: str | None = None
+def llama_bench_peers(specs: list[str] | str | None) -> list[tuple[str, str]]:
+    """(name, binary) of each llama-bench given as PATH or NAME=PATH: "llama-bench NAME" in the
+    report (telling builds of llama.cpp and its forks apart), or "llama-bench" unnamed."""
+    if not specs:
+        return []
+    out: list[tuple[str, str]] = []
+    for spec in [specs] if isinstance(specs, str) else specs:
+        label, sep, binary = spec.partition("=")
+        if sep and label.strip() and not Path(spec).exists():
+            name = f"llama-bench {label.strip()}"
+        else:
+            name, binary = "llama-bench", spec
+        if any(name == n for n, _ in out):
+            raise ValueError(f"two llama-bench peers would be named {name!r}: give each NAME=PATH")
+        out.append((name, binary))
+    return out
+
+
+def peer_makers(llama_bench: list[str] | str | None, openvino_python: str | None = None
                 ) -> tuple[list[tuple[str, Callable[..., Engine]]], dict[str, str]]:
     """(name, constructor) of each peer available here, and why the others are skipped."""
     makers: list[tuple[str, Callable[..., Engine]]] = []
@@ -371,8 +389,8 @@ def peer_makers(llama_bench: str | None, openvino_python: str | None = None
             makers.append((name, maker))
         except ImportError as e:
             skipped[name] = f"not importable: {e}"
-    if llama_bench:
-        makers.append(("llama-bench", lambda path, nt, n_ctx: LlamaBenchEngine(llama_bench, path, nt)))
+    for name, binary in llama_bench_peers(llama_bench):
+        makers.append((name, lambda path, nt, n_ctx, b=binary, n=name: LlamaBenchEngine(b, path, nt, n)))
     if openvino_python:
         makers.append(("openvino", lambda path, nt, n_ctx: OpenVINOEngine(openvino_python, path, nt)))
     return makers, skipped
