@@ -216,32 +216,40 @@ py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t 
   return y;
 }
 
-// Fast mode over several packed matrices sharing x: y[M, sum of n] holds each part's outputs
-// side by side, as a model's fused projections do. parts: (packed w, w_type, n) each.
-py::array_t<float> matmul_parts_py(py::array x, const std::vector<std::tuple<py::array, uint32_t, int64_t>>& parts,
-                                   int64_t k, int n_threads) {
+// Several matrices sharing x in one job: y[M, sum of n] holds each part's outputs side by
+// side, as a model's projections do. parts: (w, w_type, n, packed) each.
+py::array_t<float> matmul_parts_py(py::array x,
+                                   const std::vector<std::tuple<py::array, uint32_t, int64_t, bool>>& parts, int64_t k,
+                                   const std::string& precision, int n_threads) {
+  const Precision p = parse_precision(precision);
   if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
   if (parts.empty() || parts.size() > 8) throw py::value_error("parts must hold 1 to 8 matrices");
   if (!py::isinstance<py::array_t<float>>(x) || x.ndim() != 2 || (x.flags() & py::array::c_style) == 0 ||
       x.shape(1) != k)
     throw py::value_error("x must be a C-contiguous float32 array of shape (M, k=" + std::to_string(k) + ")");
   int64_t width = 0;
-  for (const auto& [w, type, n] : parts) {
-    const int64_t bytes = packed_bytes(type, n, k);
-    if (n < 1 || bytes < 0 || (w.flags() & py::array::c_style) == 0 || w.nbytes() != bytes)
-      throw py::value_error("each part must be (repack's C-contiguous packed bytes, a packable type id, n >= 1)");
+  for (const auto& [w, type, n, packed] : parts) {
+    const int64_t row_bytes = matmul_row_bytes(type, k);
+    const int64_t bytes = row_bytes < 0 || n < 1 ? -1 : packed ? packed_bytes(type, n, k) : n * row_bytes;
+    if (bytes < 0 || (w.flags() & py::array::c_style) == 0 || w.nbytes() != bytes)
+      throw py::value_error(
+          "each part must be (C-contiguous weights of exactly n rows, as stored or packed by repack; "
+          "a type id; n >= 1; packed)");
+    if (matmul_part_kernel(type, packed, p) == MatmulKernel::none)
+      throw py::value_error("type id " + std::to_string(type) + (packed ? " packed" : "") + " has no " + precision +
+                            " kernel of its own");
     width += n;
   }
   const int64_t M = x.shape(0);
   py::array_t<float> y({M, width});
-  std::vector<PackedPart> pp;
+  std::vector<MatmulPart> mp;
   int64_t at = 0;
-  for (const auto& [w, type, n] : parts) {
-    pp.push_back({w.data(), type, n, y.mutable_data() + at, width});
+  for (const auto& [w, type, n, packed] : parts) {
+    mp.push_back({w.data(), type, n, y.mutable_data() + at, width, packed});
     at += n;
   }
   py::gil_scoped_release release;
-  matmul_packed_parts(static_cast<const float*>(x.data()), M, k, pp.data(), static_cast<int>(pp.size()), n_threads);
+  matmul_parts(static_cast<const float*>(x.data()), M, k, mp.data(), static_cast<int>(mp.size()), p, n_threads);
   return y;
 }
 
@@ -711,9 +719,10 @@ PYBIND11_MODULE(_C, m) {
         "Q5_1, Q4_K, Q5_K and Q6_K; "
         "the exact path for other types) or 'exact' (float32).");
   m.def("matmul_parts", &matmul_parts_py, py::arg("x"), py::arg("parts"), py::arg("k"), py::kw_only(),
-        py::arg("n_threads") = 1,
-        "Fast mode over packed matrices sharing x, in one job: y[M, sum of n] with each part's "
-        "outputs side by side; parts are (packed w, w_type, n) tuples.");
+        py::arg("precision") = "fast", py::arg("n_threads") = 1,
+        "Matrices sharing x, in one job: y[M, sum of n] with each part's outputs side by side; parts "
+        "are (w, w_type, n, packed) tuples, each with a kernel of its own (packed in fast mode, or F32, "
+        "F16, BF16).");
   m.def("repack", &repack_py, py::arg("w"), py::arg("w_type"), py::arg("n"), py::arg("k"),
         "Weights of an int8 fast type, n rows -> the 16-row interleaved layout matmul(packed=True) "
         "takes (n padded to a multiple of 16).");

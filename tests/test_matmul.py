@@ -370,31 +370,42 @@ def test_packed_threads_bitwise_identical(isa, tname):
         np.testing.assert_array_equal(y1.view(np.uint32), y2.view(np.uint32))
 
 
-@pytest.mark.parametrize("mix", [("q4_k", "q6_k", "q8_0"), ("q5_0", "q4_1"), ("q6_k",), ("q8_0", "q4_0", "q5_1")])
-def test_packed_parts_one_job(isa, mix):
-    """Several packed matrices of any types sharing one input, in one job (a model's Q, K, V
-    or gate and up): each part's outputs, side by side, are the bits of its own packed matmul,
-    on any thread count and activation row count. The parts are split over the threads by
-    bytes, so shares start and end inside parts: rows of 37 and 100 (partial groups) and a
-    total past the 512 KiB shares of a many-row call."""
+@pytest.mark.parametrize("precision,mix", [
+    ("fast", ("q4_k", "q6_k", "q8_0")), ("fast", ("q5_0", "q4_1")), ("fast", ("q6_k",)),
+    ("fast", ("q8_0", "q4_0", "q5_1")), ("fast", ("f16", "q4_k", "bf16")), ("fast", ("f32", "f16")),
+    ("exact", ("f16", "f16", "f32")), ("exact", ("bf16",))])
+def test_parts_in_one_job(isa, precision, mix):
+    """Several matrices of any types sharing one input, in one job (a model's Q, K, V or gate
+    and up): each part's outputs, side by side, are the bits of its own matmul, on any thread
+    count and activation row count. The parts are split over the threads by bytes, so shares
+    start and end inside parts: rows of 37 and 100 (partial groups) and a total past the 512 KiB
+    shares of a many-row call."""
     k = 1024
     rng = np.random.default_rng(21)
-    ns = [400, 37, 100][: len(mix)]
     parts = []
-    for tname, n in zip(mix, ns):
-        w_type = QTYPES[tname]
-        raw = quants.quantize(rng.standard_normal((n, k)).astype(np.float32), w_type)
-        parts.append((_C.repack(raw, w_type, n, k), w_type, n))
+    for tname, n in zip(mix, [400, 37, 100]):
+        w_type = TYPES[tname]
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        if w_type in QUANT:
+            parts.append((_C.repack(quants.quantize(w, w_type), w_type, n, k), w_type, n, True))
+        else:
+            parts.append((quants.quantize(w, w_type) if w_type != F32 else w, w_type, n, False))
     x = (rng.standard_normal((150, k)) * rng.uniform(0.1, 10.0, (150, 1))).astype(np.float32)
     for m in (1, 3, 64, 65, 150):
-        want = np.concatenate([_C.matmul(x[:m], p, t, n, k, packed=True) for p, t, n in parts], axis=1)
+        want = np.concatenate([_C.matmul(x[:m], w, t, n, k, precision=precision, packed=pk) for w, t, n, pk in parts],
+                              axis=1)
         for threads in (1, 2, 3, 5):
-            y = _C.matmul_parts(x[:m], parts, k, n_threads=threads)
-            np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32), err_msg=f"{mix} M={m} t={threads}")
-    with pytest.raises(ValueError, match="packed"):
-        _C.matmul_parts(x[:1], [(parts[0][0][:-1], parts[0][1], parts[0][2])], k)  # a byte short
+            y = _C.matmul_parts(x[:m], parts, k, precision=precision, n_threads=threads)
+            np.testing.assert_array_equal(y.view(np.uint32), want.view(np.uint32),
+                                          err_msg=f"{precision} {mix} M={m} t={threads}")
+    w0, t0, n0, pk0 = parts[0]
+    with pytest.raises(ValueError, match="exactly n rows"):
+        _C.matmul_parts(x[:1], [(w0[:-1], t0, n0, pk0)], k, precision=precision)  # a row or byte short
     with pytest.raises(ValueError, match="1 to 8"):
         _C.matmul_parts(x[:1], [], k)
+    if pk0:  # a packed part has no exact kernel of its own
+        with pytest.raises(ValueError, match="no exact kernel"):
+            _C.matmul_parts(x[:1], [parts[0]], k, precision="exact")
 
 
 def test_packed_validation():

@@ -211,23 +211,26 @@ void Model::repack(const std::vector<WeightRef*>& items) {
 Projected project(const std::vector<const WeightRef*>& parts, const float* xn, int64_t n_rows, float* buf,
                   Precision precision, int n_threads) {
   Projected p{};
-  bool one = precision == Precision::fast;
+  MatmulPart mp[3];
+  bool one = parts.size() <= 3;
   int64_t width = 0;
-  for (const WeightRef* w : parts) {
-    one = one && w->packed != nullptr && w->cols == parts.front()->cols;
-    width += w->rows;
+  for (size_t i = 0; i < parts.size() && one; ++i) {
+    const WeightRef& w = *parts[i];
+    const bool packed = precision == Precision::fast && w.packed != nullptr;
+    mp[i] = {packed ? w.packed : w.data, w.type, w.rows, nullptr, 0, packed};
+    one = w.cols == parts.front()->cols && matmul_part_kernel(w.type, packed, precision) != MatmulKernel::none;
+    width += w.rows;
   }
   float* at = buf;
   for (size_t i = 0; i < parts.size(); ++i) {
     p.part[i] = at;
     p.stride[i] = one ? width : parts[i]->rows;
     at += one ? parts[i]->rows : n_rows * parts[i]->rows;
+    mp[i].y = p.part[i];
+    mp[i].ldy = p.stride[i];
   }
   if (one) {
-    PackedPart pp[3];
-    for (size_t i = 0; i < parts.size(); ++i)
-      pp[i] = {parts[i]->packed, parts[i]->type, parts[i]->rows, p.part[i], width};
-    matmul_packed_parts(xn, n_rows, parts.front()->cols, pp, static_cast<int>(parts.size()), n_threads);
+    matmul_parts(xn, n_rows, parts.front()->cols, mp, static_cast<int>(parts.size()), precision, n_threads);
   } else {
     for (size_t i = 0; i < parts.size(); ++i) Model::matmul(*parts[i], xn, n_rows, p.part[i], precision, n_threads);
   }

@@ -57,21 +57,6 @@ int64_t matmul_row_bytes(uint32_t w_type, int64_t K) {
 
 namespace {
 
-// Splits W's N rows (row_bytes each) over the threads in chunks of row_chunk rows, each
-// taking the activation rows kRowsM at a time: call(n0, n1, m0, mc) for W rows [n0, n1) and
-// activation rows [m0, m0 + mc).
-template <class Call>
-void over_chunks(int n_threads, int64_t M, int64_t N, int64_t row_bytes, const Call& call) {
-  const int64_t c = row_chunk(N, n_threads, M, row_bytes);
-  parallel_for(n_threads, N, c, [&](int64_t n0, int64_t n1, int) {
-    // One thread gets the whole range: still a chunk at a time, for the cap's sake.
-    for (int64_t a = n0; a < n1; a += c) {
-      const int64_t b = n1 - a < c ? n1 : a + c;
-      for (int64_t m0 = 0; m0 < M; m0 += kRowsM) call(a, b, m0, M - m0 < kRowsM ? M - m0 : kRowsM);
-    }
-  });
-}
-
 // Fast mode's activations: each row of x[M, K] quantized once to K/32 blocks (rows split over
 // the threads).
 std::unique_ptr<block_q8a[]> quantize_rows(const KernelTable& kt, const float* x, int64_t M, int64_t K, int n_threads) {
@@ -82,16 +67,6 @@ std::unique_ptr<block_q8a[]> quantize_rows(const KernelTable& kt, const float* x
     for (int64_t m = m0; m < m1; ++m) kt.quantize_act(x + m * K, xq.get() + m * nb, K);
   });
   return xq;
-}
-
-// Fast mode on W as stored: x quantized, then fn on each chunk of W.
-void matmul_fast_rows(const KernelTable& kt, MatmulFastFn fn, const uint8_t* w, int64_t row_bytes, const float* x,
-                      int64_t M, int64_t K, int64_t N, float* y, int n_threads) {
-  const int64_t nb = K / QK8_A;
-  const std::unique_ptr<block_q8a[]> xq = quantize_rows(kt, x, M, K, n_threads);
-  over_chunks(n_threads, M, N, row_bytes, [&](int64_t n0, int64_t n1, int64_t m0, int64_t mc) {
-    fn(w + n0 * row_bytes, row_bytes, xq.get() + m0 * nb, mc, K, n1 - n0, y + m0 * N + n0, N);
-  });
 }
 
 }  // namespace
@@ -109,16 +84,9 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
   if (n_threads < 1) n_threads = 1;
   const KernelTable& kt = kernels();
   const auto* wb = static_cast<const uint8_t*>(w);
-  if (precision == Precision::fast && kt.matmul_fast[w_type] != nullptr) {
-    matmul_fast_rows(kt, kt.matmul_fast[w_type], wb, row_bytes, x, M, K, N, y, n_threads);
-    return;
-  }
-
-  if (kt.matmul_exact[w_type] != nullptr) {
-    const MatmulExactFn fn = kt.matmul_exact[w_type];
-    over_chunks(n_threads, M, N, row_bytes, [&](int64_t n0, int64_t n1, int64_t m0, int64_t mc) {
-      fn(wb + n0 * row_bytes, row_bytes, x + m0 * K, mc, K, n1 - n0, y + m0 * N + n0, N);
-    });
+  if (matmul_part_kernel(w_type, false, precision) != MatmulKernel::none) {
+    const MatmulPart part{w, w_type, N, y, N, false};
+    matmul_parts(x, M, K, &part, 1, precision, n_threads);
     return;
   }
 
@@ -206,46 +174,71 @@ void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w
   }
 }
 
-void matmul_packed_parts(const float* x, int64_t M, int64_t K, const PackedPart* parts, int n_parts, int n_threads) {
+MatmulKernel matmul_part_kernel(uint32_t w_type, bool packed, Precision precision) {
+  if (w_type >= GGML_TYPE_SLOTS) return MatmulKernel::none;
+  const KernelTable& kt = kernels();
+  const bool fast = precision == Precision::fast;
+  if (packed) return fast && kt.matmul_fast_packed[w_type] != nullptr ? MatmulKernel::fast_packed : MatmulKernel::none;
+  if (fast && kt.matmul_fast[w_type] != nullptr) return MatmulKernel::fast;
+  return kt.matmul_exact[w_type] != nullptr ? MatmulKernel::exact : MatmulKernel::none;
+}
+
+void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts, int n_parts, Precision precision,
+                  int n_threads) {
   if (M < 0) throw std::invalid_argument("matmul: negative M");
   const KernelTable& kt = kernels();
-  // Each part's 16-row groups, laid end to end: part i's start in bytes.
+  // Each part's rows in 16-row groups, laid end to end: part i's start in bytes, and its kernel.
   std::vector<int64_t> start(static_cast<size_t>(n_parts) + 1, 0);
+  std::vector<MatmulKernel> kind(static_cast<size_t>(n_parts));
+  bool quantized = false;
   for (int i = 0; i < n_parts; ++i) {
-    const PackedPart& p = parts[i];
-    check_packable(p.w_type, p.N, K);
+    const MatmulPart& p = parts[i];
+    const int64_t row_bytes = matmul_row_bytes(p.w_type, K);
     if (p.N < 0 || p.ldy < p.N) throw std::invalid_argument("matmul: negative N or a row stride below N");
-    if (kt.matmul_fast_packed[p.w_type] == nullptr)
-      throw std::invalid_argument("matmul: no packed fast kernel for weight type id " + std::to_string(p.w_type) +
-                                  type_label(p.w_type));
-    start[i + 1] = start[i] + packed_bytes(p.w_type, p.N, K);
+    kind[i] = row_bytes < 0 ? MatmulKernel::none : matmul_part_kernel(p.w_type, p.packed, precision);
+    if (kind[i] == MatmulKernel::none)
+      throw std::invalid_argument("matmul: no " + std::string(precision == Precision::fast ? "fast" : "exact") +
+                                  (p.packed ? " packed" : "") + " kernel of its own for weight type id " +
+                                  std::to_string(p.w_type) + type_label(p.w_type) + " with K=" + std::to_string(K));
+    quantized = quantized || kind[i] != MatmulKernel::exact;
+    start[i + 1] = start[i] + checked_round_up(p.N, kPackRows, "rows in 16-row groups") * row_bytes;
   }
   const int64_t total = start[static_cast<size_t>(n_parts)];
   if (M == 0 || total == 0) return;
   if (n_threads < 1) n_threads = 1;
   const int64_t nb = K / QK8_A;
-  const std::unique_ptr<block_q8a[]> xq = quantize_rows(kt, x, M, K, n_threads);
+  const std::unique_ptr<block_q8a[]> xq = quantized ? quantize_rows(kt, x, M, K, n_threads) : nullptr;
   // One contiguous share of the bytes per thread; where the activations come in several
   // blocks of kRowsM rows, shares of at most kChunkBytes, so a share stays in L2 while each
   // block passes over it, as many for each thread. A group goes to the share its first byte
-  // falls in.
+  // falls in; groups are whole, so every row's result is the same on any thread count.
   int64_t n_chunks = n_threads;
   if (M > kRowsM) n_chunks *= (total + kChunkBytes * n_threads - 1) / (kChunkBytes * n_threads);
   parallel_for(n_threads, n_chunks, 1, [&](int64_t c0, int64_t c1, int) {
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t lo = total * c / n_chunks, hi = total * (c + 1) / n_chunks;
       for (int i = 0; i < n_parts; ++i) {
-        const PackedPart& p = parts[i];
+        const MatmulPart& p = parts[i];
         const int64_t row_bytes = matmul_row_bytes(p.w_type, K), gb = kPackRows * row_bytes;
         const int64_t a = start[i], b = start[i + 1];
         if (hi <= a || lo >= b) continue;
         const int64_t g0 = lo <= a ? 0 : (lo - a + gb - 1) / gb, g1 = hi >= b ? (b - a) / gb : (hi - a + gb - 1) / gb;
         const int64_t n0 = g0 * kPackRows, n1 = g1 * kPackRows < p.N ? g1 * kPackRows : p.N;
         if (n0 >= n1) continue;
-        const auto* w = static_cast<const uint8_t*>(p.packed) + g0 * gb;
-        for (int64_t m0 = 0; m0 < M; m0 += kRowsM)
-          kt.matmul_fast_packed[p.w_type](w, row_bytes, xq.get() + m0 * nb, M - m0 < kRowsM ? M - m0 : kRowsM, K,
-                                          n1 - n0, p.y + m0 * p.ldy + n0, p.ldy);
+        const auto* w = static_cast<const uint8_t*>(p.w) + g0 * gb;  // packed or not, group g0's first byte
+        for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
+          const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;
+          float* y = p.y + m0 * p.ldy + n0;
+          switch (kind[i]) {
+            case MatmulKernel::fast_packed:
+              kt.matmul_fast_packed[p.w_type](w, row_bytes, xq.get() + m0 * nb, mc, K, n1 - n0, y, p.ldy);
+              break;
+            case MatmulKernel::fast:
+              kt.matmul_fast[p.w_type](w, row_bytes, xq.get() + m0 * nb, mc, K, n1 - n0, y, p.ldy);
+              break;
+            default: kt.matmul_exact[p.w_type](w, row_bytes, x + m0 * K, mc, K, n1 - n0, y, p.ldy);
+          }
+        }
       }
     }
   });
@@ -262,8 +255,8 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
   const int64_t group_bytes = kPackRows * row_bytes;
   const auto* wp = static_cast<const uint8_t*>(packed);
   if (precision == Precision::fast) {
-    const PackedPart part{packed, w_type, N, y, N};
-    matmul_packed_parts(x, M, K, &part, 1, n_threads);
+    const MatmulPart part{packed, w_type, N, y, N, true};
+    matmul_parts(x, M, K, &part, 1, precision, n_threads);
     return;
   }
   // Exact mode: unpack a group to blocks as stored, dequantize, multiply as float32 rows, as

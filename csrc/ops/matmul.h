@@ -34,19 +34,26 @@ void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w
 void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uint32_t w_type, int64_t N, float* y,
                    Precision precision, int n_threads);
 
-// One matrix of several that share their input: W[N, K] of type w_type in the packed layout,
-// and y, where its [M, N] outputs go at row stride ldy (>= N).
-struct PackedPart {
-  const void* packed;
+// One matrix of several that share their input: W[N, K] of type w_type, as stored or (packed)
+// in the 16-row layout, and y, where its [M, N] outputs go at row stride ldy (>= N).
+struct MatmulPart {
+  const void* w;
   uint32_t w_type;
   int64_t N;
   float* y;
   int64_t ldy;
+  bool packed;
 };
-// Fast mode: y_i = x @ W_i^T for each part, x quantized once and every part's rows split over
-// the threads as one job (by bytes, whatever the parts' types), each part's results the same
-// as matmul_packed's.
-void matmul_packed_parts(const float* x, int64_t M, int64_t K, const PackedPart* parts, int n_parts, int n_threads);
+// The kernel a part multiplies with: packed weights' fast kernel (fast mode), a type's fast
+// kernel on weights as stored (fast mode), a float type's exact kernel (F32, F16, BF16: either
+// mode), or none (quantized weights in exact mode, dequantized a group of rows at a time).
+enum class MatmulKernel { none, fast_packed, fast, exact };
+MatmulKernel matmul_part_kernel(uint32_t w_type, bool packed, Precision precision);
+// y_i = x @ W_i^T for each part, every part with a kernel of its own: x quantized once (if
+// any part wants it) and the parts' rows split over the threads as one job, by bytes,
+// whatever their types; each part's results the same as its own matmul's, on any thread count.
+void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts, int n_parts, Precision precision,
+                  int n_threads);
 
 // Fast mode's activation quantization (q8_act.h) of x[M, K] (K a multiple of 32), unpacked:
 // q[M, K] int8, d[M, K/32] scales, sum[M, K/32] block sums, h[M, K/32] the split blocks'

@@ -62,13 +62,15 @@ def matmul(
 
 def matmul_parts(
     x: npt.NDArray[np.float32],
-    parts: abc.Sequence[tuple[npt.NDArray[np.uint8], int, int]],
+    parts: abc.Sequence[tuple[npt.NDArray[Any], int, int, bool]],
     k: int,
     *,
+    precision: str = "fast",
     n_threads: int = 1,
 ) -> npt.NDArray[np.float32]:
-    """Fast mode over packed matrices (from repack) that share x, in one job: y[M, sum of n],
-    each part's outputs side by side; parts are (packed w, w_type, n) tuples."""
+    """Matrices that share x, in one job: y[M, sum of n], each part's outputs side by side;
+    parts are (w, w_type, n, packed) tuples, each with a kernel of its own (packed by repack in
+    fast mode, or F32, F16, BF16 rows as stored)."""
 
 def repack(w: npt.NDArray[Any], w_type: int, n: int, k: int) -> npt.NDArray[np.uint8]:
     """Q8_0/Q4_0/Q4_1 weights of n rows -> the 16-row interleaved layout matmul(packed=True)
