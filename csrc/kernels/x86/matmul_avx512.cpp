@@ -48,34 +48,112 @@ PYINFER_INLINE float f16_scale(const uint8_t* p) { return _cvtsh_ss(load_u16_le(
 
 PYINFER_INLINE float max32(__m512 a0, __m512 a1) { return _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)); }
 
-void quantize_act_avx512(const float* x, block_q8a* dst, int64_t k) {
-  for (int64_t ib = 0; ib < k / QK8_A; ++ib, x += QK8_A) {
-    const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-    const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
-    const float m1 = max32(a0, a1);
-    const __m512 m = _mm512_set1_ps(m1);
+// One block at a time: for the blocks past the last whole run of 16.
+PYINFER_INLINE void quantize_block(const float* x, block_q8a& dst) {
+  const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+  const __m512 a0 = _mm512_abs_ps(v0), a1 = _mm512_abs_ps(v1);
+  const float m1 = max32(a0, a1);
+  const __m512 m = _mm512_set1_ps(m1);
+  const uint32_t hit = static_cast<uint32_t>(_mm512_cmp_ps_mask(a0, m, _CMP_EQ_OQ)) |
+                       static_cast<uint32_t>(_mm512_cmp_ps_mask(a1, m, _CMP_EQ_OQ)) << 16;
+  const int jo = hit != 0 ? __builtin_ctz(hit) : 0;
+  const uint32_t rest = ~(1u << jo);  // every element but jo
+  const float m2 = max32(_mm512_maskz_mov_ps(static_cast<__mmask16>(rest), a0),
+                         _mm512_maskz_mov_ps(static_cast<__mmask16>(rest >> 16), a1));
+  bool split;
+  const float amax = act_amax(m1, m2, &split);
+  const float idf = amax != 0.0f ? 127.0f / amax : 0.0f;
+  const __m512 id = _mm512_set1_ps(idf);
+  // cvtps rounds half to even in the default rounding mode, like nearbyint.
+  const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
+  const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst.qs), _mm512_cvtepi32_epi8(q0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst.qs + 16), _mm512_cvtepi32_epi8(q1));
+  int h = 0;
+  if (split) dst.qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
+  // Sums in vector lanes, which wrap (a row holding inf or NaN converts to INT_MIN lanes):
+  // equal to the exact sums whenever those fit, never undefined behaviour.
+  const int32_t sum_lo = hsum_epi32(q0);
+  act_finish(dst, amax, hsum_epi32(_mm512_add_epi32(q0, q1)), sum_lo, h, jo);
+}
+
+// Sixteen vectors' lanes folded by op into one vector, lane b holding op over all of v[b]'s
+// lanes: halves, then quarters, then pairs, then single lanes, two vectors into one at each
+// step (a transpose as it reduces), then the lanes put in block order.
+template <class Op>
+PYINFER_INLINE __m512 fold16(__m512* v, Op op) {
+  for (int i = 0; i < 8; ++i)  // v[i]: block 2i's 16 lanes folded to 8 (lanes 0-7), block 2i + 1's (8-15)
+    v[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i)  // 128-bit lane j of v[i]: block 4i + j, folded to 4
+    v[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x88), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // 128-bit lane j of v[i]: blocks 8i + j and 8i + 4 + j, 2 each
+    v[i] = op(_mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_ps(v[2 * i], v[2 * i + 1], 0xEE));
+  // Lane 4j + k: block j + 4k.
+  const __m512 r = op(_mm512_shuffle_ps(v[0], v[1], 0x88), _mm512_shuffle_ps(v[0], v[1], 0xDD));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r);
+}
+
+PYINFER_INLINE __m512 max_op(__m512 a, __m512 b) { return _mm512_max_ps(a, b); }
+PYINFER_INLINE __m512 add_i32_op(__m512 a, __m512 b) {
+  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+}
+
+// Sixteen blocks at once, each exactly as quantize_block does it: their maxima, second
+// maxima and sums are reduced sixteen to a vector instead of one block at a time, and the
+// scales come from one vector division.
+PYINFER_INLINE void quantize_16_blocks(const float* x, block_q8a* dst) {
+  __m512 t[16];
+  alignas(64) float m1[16], amax[16], idf[16];
+  alignas(64) int32_t sum[16], sum_lo[16];
+  int jo[16];
+  for (int b = 0; b < 16; ++b)
+    t[b] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 32 * b)), _mm512_abs_ps(_mm512_loadu_ps(x + 32 * b + 16)));
+  const __m512 vm1 = fold16(t, max_op);
+  _mm512_store_ps(m1, vm1);
+  for (int b = 0; b < 16; ++b) {
+    const __m512 a0 = _mm512_abs_ps(_mm512_loadu_ps(x + 32 * b)), a1 = _mm512_abs_ps(_mm512_loadu_ps(x + 32 * b + 16));
+    const __m512 m = _mm512_set1_ps(m1[b]);
     const uint32_t hit = static_cast<uint32_t>(_mm512_cmp_ps_mask(a0, m, _CMP_EQ_OQ)) |
                          static_cast<uint32_t>(_mm512_cmp_ps_mask(a1, m, _CMP_EQ_OQ)) << 16;
-    const int jo = hit != 0 ? __builtin_ctz(hit) : 0;
-    const uint32_t rest = ~(1u << jo);  // every element but jo
-    const float m2 = max32(_mm512_maskz_mov_ps(static_cast<__mmask16>(rest), a0),
-                           _mm512_maskz_mov_ps(static_cast<__mmask16>(rest >> 16), a1));
-    bool split;
-    const float amax = act_amax(m1, m2, &split);
-    const float idf = amax != 0.0f ? 127.0f / amax : 0.0f;
-    const __m512 id = _mm512_set1_ps(idf);
-    // cvtps rounds half to even in the default rounding mode, like nearbyint.
-    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, id));
-    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[ib].qs), _mm512_cvtepi32_epi8(q0));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[ib].qs + 16), _mm512_cvtepi32_epi8(q1));
-    int h = 0;
-    if (split) dst[ib].qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
-    // Sums in vector lanes, which wrap (a row holding inf or NaN converts to INT_MIN lanes):
-    // equal to the exact sums whenever those fit, never undefined behaviour.
-    const int32_t sum_lo = hsum_epi32(q0);
-    act_finish(dst[ib], amax, hsum_epi32(_mm512_add_epi32(q0, q1)), sum_lo, h, jo);
+    jo[b] = hit != 0 ? __builtin_ctz(hit) : 0;
+    const uint32_t rest = ~(1u << jo[b]);
+    t[b] = _mm512_max_ps(_mm512_maskz_mov_ps(static_cast<__mmask16>(rest), a0),
+                         _mm512_maskz_mov_ps(static_cast<__mmask16>(rest >> 16), a1));
   }
+  const __m512 vm2 = fold16(t, max_op);
+  // act_amax and the inverse scale, lane by lane.
+  const __mmask16 split = _mm512_cmp_ps_mask(vm1, _mm512_mul_ps(_mm512_set1_ps(2.0f), vm2), _CMP_GT_OQ);
+  const __m512 va = _mm512_mask_max_ps(vm1, split, vm2, _mm512_div_ps(vm1, _mm512_set1_ps(128.0f)));
+  const __mmask16 nz = _mm512_cmp_ps_mask(va, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+  _mm512_store_ps(amax, va);
+  _mm512_store_ps(idf, _mm512_maskz_div_ps(nz, _mm512_set1_ps(127.0f), va));
+  __m512 lo[16];
+  for (int b = 0; b < 16; ++b) {
+    const float* xb = x + 32 * b;
+    const __m512 id = _mm512_set1_ps(idf[b]);
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb), id));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + 16), id));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[b].qs), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst[b].qs + 16), _mm512_cvtepi32_epi8(q1));
+    lo[b] = _mm512_castsi512_ps(q0);
+    t[b] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
+  }
+  _mm512_store_si512(sum_lo, _mm512_castps_si512(fold16(lo, add_i32_op)));
+  _mm512_store_si512(sum, _mm512_castps_si512(fold16(t, add_i32_op)));
+  for (int b = 0; b < 16; ++b) {
+    int h = 0;
+    if ((split >> b) & 1)
+      dst[b].qs[jo[b]] =
+          static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[32 * b + jo[b]] * idf[b])), &h));
+    act_finish(dst[b], amax[b], sum[b], sum_lo[b], h, jo[b]);
+  }
+}
+
+void quantize_act_avx512(const float* x, block_q8a* dst, int64_t k) {
+  const int64_t nb = k / QK8_A;
+  int64_t ib = 0;
+  for (; ib + 16 <= nb; ib += 16) quantize_16_blocks(x + ib * QK8_A, dst + ib);
+  for (; ib < nb; ++ib) quantize_block(x + ib * QK8_A, dst[ib]);
 }
 
 // ---- fast mode: integer dot products per block (VNNI) ---------------------------------------
