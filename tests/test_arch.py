@@ -320,3 +320,21 @@ def test_sequences_and_batches_keep_their_weights_alive(tmp_path: Path) -> None:
     del batch
     gc.collect()
     assert weights() is None
+
+
+def test_float_matrices_are_copied_and_give_the_same_logits(tmp_path: Path) -> None:
+    """On the SIMD paths a float model's matrices are copied as stored beside the repacked
+    ones (the file's page-cache pages may be small ones): every matrix is counted in
+    repacked_bytes, and the logits are the bits of the matrices read in place from the file."""
+    path = write(tmp_path)
+    copied = Model.load(path, repack=True)
+    in_place = Model.load(path, repack=False)
+    tensors = GGUFReader(path).tensors  # float32; the head is a matrix of its own (output.weight)
+    matrices = [t for n, t in tensors.items() if n != "token_embd.weight" and len(t.shape) == 2]
+    assert len(matrices) == 7 * SHAPE.n_layer + 1
+    assert copied.repacked_bytes == sum(-(-t.n_elements * 4 // 64) * 64 for t in matrices)
+    assert in_place.repacked_bytes == 0
+    for precision in ("fast", "exact"):
+        a = Model.load(path, repack=True, precision=precision).logits(IDS)
+        b = Model.load(path, repack=False, precision=precision).logits(IDS)
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))

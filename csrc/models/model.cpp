@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 
 #include "kernels/packed16.h"
@@ -180,16 +181,29 @@ void Model::output_head(const float* x, const int64_t* out_rows, int64_t n_out, 
   if (logits != nullptr) matmul(output, xn, n_out, logits, precision, n_threads);
 }
 
+namespace {
+
+// Bytes a matrix takes in the arena: its 16-row interleaved layout, or for a float type (read
+// in place by its exact kernel) its rows as stored, rounded up to a cache line; 0 if neither.
+int64_t arena_bytes(const WeightRef& w) {
+  const int64_t packed = packed_bytes(w.type, w.rows, w.cols);
+  if (packed > 0) return packed;
+  if (matmul_part_kernel(w.type, false, Precision::exact) != MatmulKernel::exact) return 0;
+  const int64_t row_bytes = matmul_row_bytes(w.type, w.cols);
+  return checked_round_up(checked_mul(w.rows, row_bytes, "a float matrix's bytes"), 64, "a float matrix's bytes");
+}
+
+}  // namespace
+
 void Model::repack(const std::vector<WeightRef*>& items) {
   int64_t total_bytes = 0;
-  for (const WeightRef* w : items) {
-    const int64_t n = packed_bytes(w->type, w->rows, w->cols);
-    if (n > 0) total_bytes = checked_add(total_bytes, n, "repacked weight bytes");
-  }
+  for (const WeightRef* w : items) total_bytes = checked_add(total_bytes, arena_bytes(*w), "repacked weight bytes");
   const size_t total = to_size(total_bytes, "repacked weight bytes");
   if (total == 0) return;
   // 2 MiB-aligned and advised onto transparent huge pages: fewer TLB misses in the
-  // prefetchers' way (docs/tuning.md has the measurement).
+  // prefetchers' way (docs/tuning.md has the measurement). The file's own pages may be small
+  // ones (a file read back into the page cache after it was evicted), so float matrices are
+  // copied here too.
   constexpr size_t kHugePage = size_t{2} << 20;
   const size_t alloc = (total + kHugePage - 1) / kHugePage * kHugePage;
   packed_arena_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHugePage, alloc)));
@@ -199,10 +213,15 @@ void Model::repack(const std::vector<WeightRef*>& items) {
 #endif
   uint8_t* p = packed_arena_.get();
   for (WeightRef* w : items) {
-    const int64_t n = packed_bytes(w->type, w->rows, w->cols);
-    if (n <= 0) continue;  // no interleaved layout for this type: stays as stored
-    repack16(w->data, w->type, w->rows, w->cols, p);
-    w->packed = p;
+    const int64_t n = arena_bytes(*w);
+    if (n <= 0) continue;  // neither layout: stays as stored
+    if (packed_bytes(w->type, w->rows, w->cols) > 0) {
+      repack16(w->data, w->type, w->rows, w->cols, p);
+      w->packed = p;
+    } else {
+      std::memcpy(p, w->data, static_cast<size_t>(w->rows * matmul_row_bytes(w->type, w->cols)));
+      w->data = p;
+    }
     p += n;
   }
   repacked_bytes_ = total;
