@@ -230,7 +230,9 @@ py::array_t<float> matmul_parts_py(py::array x,
   int64_t width = 0;
   for (const auto& [w, type, n, packed] : parts) {
     const int64_t row_bytes = matmul_row_bytes(type, k);
-    const int64_t bytes = row_bytes < 0 || n < 1 ? -1 : packed ? packed_bytes(type, n, k) : n * row_bytes;
+    const int64_t bytes = row_bytes < 0 || n < 1 ? -1
+                          : packed               ? packed_bytes(type, n, k)
+                                                 : checked_mul(n, row_bytes, "weight bytes (n * row bytes)");
     if (bytes < 0 || (w.flags() & py::array::c_style) == 0 || w.nbytes() != bytes)
       throw py::value_error(
           "each part must be (C-contiguous weights of exactly n rows, as stored or packed by repack; "

@@ -322,17 +322,19 @@ def test_sequences_and_batches_keep_their_weights_alive(tmp_path: Path) -> None:
     assert weights() is None
 
 
-def test_float_matrices_are_copied_and_give_the_same_logits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wtype", [GGMLType.F32, GGMLType.F16, GGMLType.BF16])
+def test_float_matrices_are_copied_and_give_the_same_logits(tmp_path: Path, wtype: GGMLType) -> None:
     """On the SIMD paths a float model's matrices are copied as stored beside the repacked
     ones (the file's page-cache pages may be small ones): every matrix is counted in
     repacked_bytes, and the logits are the bits of the matrices read in place from the file."""
-    path = write(tmp_path)
+    path = write_synthetic_llama(tmp_path / "m.gguf", SHAPE, wtype, seed=3)
     copied = Model.load(path, repack=True)
     in_place = Model.load(path, repack=False)
-    tensors = GGUFReader(path).tensors  # float32; the head is a matrix of its own (output.weight)
+    tensors = GGUFReader(path).tensors  # the head is a matrix of its own (output.weight)
     matrices = [t for n, t in tensors.items() if n != "token_embd.weight" and len(t.shape) == 2]
-    assert len(matrices) == 7 * SHAPE.n_layer + 1
-    assert copied.repacked_bytes == sum(-(-t.n_elements * 4 // 64) * 64 for t in matrices)
+    assert len(matrices) == 7 * SHAPE.n_layer + 1 and all(t.type == wtype for t in matrices)
+    size = 4 if wtype == GGMLType.F32 else 2
+    assert copied.repacked_bytes == sum(-(-t.n_elements * size // 64) * 64 for t in matrices)
     assert in_place.repacked_bytes == 0
     for precision in ("fast", "exact"):
         a = Model.load(path, repack=True, precision=precision).logits(IDS)

@@ -295,7 +295,10 @@ def test_llama_bench_peers_are_named(tmp_path: Path) -> None:
     assert llama_bench_peers(["llama.cpp=/x/llama-bench", "ik=/y/llama-bench", str(odd)]) == [
         ("llama-bench llama.cpp", "/x/llama-bench"), ("llama-bench ik", "/y/llama-bench"), ("llama-bench", str(odd))]
     makers, _ = peer_makers(["llama.cpp=/x/llama-bench", "ik=/y/llama-bench"])
-    assert [n for n, _ in makers if n.startswith("llama-bench")] == ["llama-bench llama.cpp", "llama-bench ik"]
+    benches = [(n, make(Path("m.gguf"), 2, 512)) for n, make in makers if n.startswith("llama-bench")]
+    assert [(n, e.name, e.binary, e.n_threads) for n, e in benches] == [
+        ("llama-bench llama.cpp", "llama-bench llama.cpp", "/x/llama-bench", 2),
+        ("llama-bench ik", "llama-bench ik", "/y/llama-bench", 2)]
     with pytest.raises(ValueError, match="'llama-bench'"):
         llama_bench_peers(["/x/llama-bench", "/y/llama-bench"])
 

@@ -136,8 +136,9 @@ def test_quantize_activations_bit_exact(isa):
     x[6, 141] = np.float32(-2.0)        # equal magnitudes: the first is the largest
     x[7, 160:192] = 1e-3
     x[7, 170] = -1e6                    # beyond 128 * 127 levels: the largest sets amax / 128
-    # Twice over: the SIMD paths take blocks sixteen at a time, then the rest one by one.
-    x = np.concatenate([x, x[::-1]], axis=1)
+    # The SIMD paths take blocks sixteen at a time, then the rest one by one: the special
+    # blocks (0-5) go through the first way, then (blocks 16-25) the second.
+    x = np.concatenate([x, x[:, :192], x], axis=1)
     q, d, s, h, jo = _C.quantize_activations(x)
     rq, rd, rs, rh, rjo = R.quantize_activations(x)
     np.testing.assert_array_equal(q, rq)
@@ -149,8 +150,24 @@ def test_quantize_activations_bit_exact(isa):
     assert (h[5, 3], jo[5, 3]) == (127, 4) and h[6, 4] == 0 and jo[6, 4] == 12 and h[7, 5] == -127
     # The integers stand for x: each within half a step, the outlier's too.
     a = R.activation_integers(q, h, jo)
-    xb = x.reshape(9, 20, 32).astype(np.float64)
+    xb = x.reshape(9, 26, 32).astype(np.float64)
     assert np.all(np.abs(a * d[:, :, None] - xb) <= 0.5001 * d[:, :, None] + 1e-30)
+
+
+def test_quantize_activations_nonfinite_alike_on_both_paths(isa):
+    """Non-finite activations are outside the spec, but a block's result still depends on its
+    values alone: the same blocks holding NaN or inf give the same fields whether they fall in a
+    run of sixteen (blocks 0-15) or in a row's tail (blocks 16-25)."""
+    rng = np.random.default_rng(8)
+    blocks = rng.standard_normal((10, 32)).astype(np.float32)
+    blocks[1, [3, 17, 31]] = np.nan
+    blocks[2, 5] = np.inf
+    blocks[3, 0] = -np.inf
+    blocks[4, :] = np.nan
+    row = np.concatenate([blocks.ravel(), rng.standard_normal(6 * 32).astype(np.float32), blocks.ravel()])[None]
+    q, d, s, h, jo = (a.reshape(26, -1) for a in _C.quantize_activations(row))
+    for a in (q, d.view(np.uint32), s, h, jo):
+        np.testing.assert_array_equal(a[:10], a[16:])
 
 
 @pytest.mark.parametrize("precision", ["exact", "fast"])
@@ -375,22 +392,23 @@ def test_packed_threads_bitwise_identical(isa, tname):
 @pytest.mark.parametrize("precision,mix", [
     ("fast", ("q4_k", "q6_k", "q8_0")), ("fast", ("q5_0", "q4_1")), ("fast", ("q6_k",)),
     ("fast", ("q8_0", "q4_0", "q5_1")), ("fast", ("f16", "q4_k", "bf16")), ("fast", ("f32", "f16")),
-    ("exact", ("f16", "f16", "f32")), ("exact", ("bf16",))])
+    ("fast", ("q8_0", "q4_1", "q6_k")), ("exact", ("f16", "f16", "f32")), ("exact", ("bf16",))])
 def test_parts_in_one_job(isa, precision, mix):
     """Several matrices of any types sharing one input, in one job (a model's Q, K, V or gate
     and up): each part's outputs, side by side, are the bits of its own matmul, on any thread
     count and activation row count. The parts are split over the threads by bytes, so shares
-    start and end inside parts: rows of 37 and 100 (partial groups) and a total past the 512 KiB
-    shares of a many-row call."""
+    start and end inside parts: rows of 37 and 100 (partial groups); several 512 KiB shares per
+    thread in a many-row call where the total allows (the float mixes, and the 8-bit one with
+    its first part as stored: a fast kernel of its own, the 16-row layout not needed)."""
     k = 1024
     rng = np.random.default_rng(21)
     parts = []
-    for tname, n in zip(mix, [400, 37, 100]):
+    for i, (tname, n) in enumerate(zip(mix, [1200 if mix[0] == "q8_0" else 400, 37, 100])):
         w_type = TYPES[tname]
         w = rng.standard_normal((n, k)).astype(np.float32)
-        if w_type in QUANT:
+        if w_type in QUANT and (i > 0 or mix[1:] != ("q4_1", "q6_k")):
             parts.append((_C.repack(quants.quantize(w, w_type), w_type, n, k), w_type, n, True))
-        else:
+        else:  # as stored
             parts.append((quants.quantize(w, w_type) if w_type != F32 else w, w_type, n, False))
     x = (rng.standard_normal((150, k)) * rng.uniform(0.1, 10.0, (150, 1))).astype(np.float32)
     for m in (1, 3, 64, 65, 150):

@@ -183,14 +183,14 @@ void Model::output_head(const float* x, const int64_t* out_rows, int64_t n_out, 
 
 namespace {
 
-// Bytes a matrix takes in the arena: its 16-row interleaved layout, or for a float type (read
-// in place by its exact kernel) its rows as stored, rounded up to a cache line; 0 if neither.
+// Bytes a matrix takes in the arena, rounded up to a cache line: its 16-row interleaved
+// layout, or for a float type (read in place by its exact kernel) its rows as stored; 0 if
+// neither.
 int64_t arena_bytes(const WeightRef& w) {
-  const int64_t packed = packed_bytes(w.type, w.rows, w.cols);
-  if (packed > 0) return packed;
-  if (matmul_part_kernel(w.type, false, Precision::exact) != MatmulKernel::exact) return 0;
-  const int64_t row_bytes = matmul_row_bytes(w.type, w.cols);
-  return checked_round_up(checked_mul(w.rows, row_bytes, "a float matrix's bytes"), 64, "a float matrix's bytes");
+  int64_t n = packed_bytes(w.type, w.rows, w.cols);
+  if (n <= 0 && matmul_part_kernel(w.type, false, Precision::exact) == MatmulKernel::exact)
+    n = checked_mul(w.rows, matmul_row_bytes(w.type, w.cols), "a float matrix's bytes");
+  return n <= 0 ? 0 : checked_round_up(n, 64, "a matrix's bytes in the arena");
 }
 
 }  // namespace
@@ -230,8 +230,9 @@ void Model::repack(const std::vector<WeightRef*>& items) {
 Projected project(const std::vector<const WeightRef*>& parts, const float* xn, int64_t n_rows, float* buf,
                   Precision precision, int n_threads) {
   Projected p{};
-  MatmulPart mp[3];
-  bool one = parts.size() <= 3;
+  constexpr size_t kMaxParts = 3;
+  MatmulPart mp[kMaxParts];
+  bool one = parts.size() <= kMaxParts;
   int64_t width = 0;
   for (size_t i = 0; i < parts.size() && one; ++i) {
     const WeightRef& w = *parts[i];
@@ -245,8 +246,10 @@ Projected project(const std::vector<const WeightRef*>& parts, const float* xn, i
     p.part[i] = at;
     p.stride[i] = one ? width : parts[i]->rows;
     at += one ? parts[i]->rows : n_rows * parts[i]->rows;
-    mp[i].y = p.part[i];
-    mp[i].ldy = p.stride[i];
+    if (one) {
+      mp[i].y = p.part[i];
+      mp[i].ldy = p.stride[i];
+    }
   }
   if (one) {
     matmul_parts(xn, n_rows, parts.front()->cols, mp, static_cast<int>(parts.size()), precision, n_threads);

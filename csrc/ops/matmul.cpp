@@ -201,7 +201,9 @@ void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts,
                                   (p.packed ? " packed" : "") + " kernel of its own for weight type id " +
                                   std::to_string(p.w_type) + type_label(p.w_type) + " with K=" + std::to_string(K));
     quantized = quantized || kind[i] != MatmulKernel::exact;
-    start[i + 1] = start[i] + checked_round_up(p.N, kPackRows, "rows in 16-row groups") * row_bytes;
+    start[i + 1] = checked_add(
+        start[i], checked_mul(checked_round_up(p.N, kPackRows, "rows in 16-row groups"), row_bytes, "a part's bytes"),
+        "the parts' bytes");
   }
   const int64_t total = start[static_cast<size_t>(n_parts)];
   if (M == 0 || total == 0) return;

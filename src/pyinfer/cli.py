@@ -282,9 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--model", "-m", default=None, help="GGUF path or known model name (default: smollm2)")
     b.add_argument("--threads", "-t", type=int, nargs="+", default=None,
                    help="thread counts (default: 1, 2, 4, ... up to the usable cores)")
-    b.add_argument("--llama-bench", default=None, nargs="+", metavar="[NAME=]PATH",
-                   help="llama-bench binaries to compare with (llama.cpp's, a fork's), each named in the "
-                        "report as NAME, or llama-bench")
+    b.add_argument("--llama-bench", default=None, action="append", metavar="[NAME=]PATH",
+                   help="a llama-bench binary to compare with, named in the report as 'llama-bench NAME' "
+                        "(or 'llama-bench'); repeat it for several (llama.cpp's, a fork's)")
     b.add_argument("--peer-openvino", default=None, metavar="PYTHON",
                    help="peers study: a Python with openvino-genai, to time OpenVINO GenAI on the same GGUF")
     b.add_argument("--no-peers", action="store_true", help="time pyinfer alone in the peers and serve studies")

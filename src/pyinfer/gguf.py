@@ -9,8 +9,9 @@ opened. After that the mapping is only as sound as the file under it: `check_unc
 (called by the model before every forward pass) turns a file truncated, grown or written in
 place since it was opened into a GGUFError instead of a SIGBUS or silently changed weights.
 What it cannot cover: a truncation between that check and the reads of the pass it guards
-still raises SIGBUS (the repacked copies of the quantized matrices are in memory; the rest
-is read through the mapping). A file replaced by rename is safe: the old data stay mapped.
+still raises SIGBUS (the repacked copies of the quantized matrices and the copies of the float
+ones are in memory; the rest is read through the mapping). A file replaced by rename is safe:
+the old data stay mapped.
 """
 
 from __future__ import annotations

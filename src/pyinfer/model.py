@@ -318,7 +318,8 @@ class Model:
 
     @property
     def repacked_bytes(self) -> int:
-        """Memory used by the repacked copies of the weights (the rest stays mapped)."""
+        """Memory used by the repacked copies of the quantized matrices and the copies of the
+        float ones (the rest, embeddings and norms, stays mapped)."""
         return self._native.repacked_bytes
 
     @functools.cached_property

@@ -100,14 +100,23 @@ PYINFER_INLINE __m512 add_i32_op(__m512 a, __m512 b) {
 
 // Sixteen blocks at once, each exactly as quantize_block does it: their maxima, second
 // maxima and sums are reduced sixteen to a vector instead of one block at a time, and the
-// scales come from one vector division.
+// scales come from one vector division. A run holding a NaN goes one block at a time: a
+// maximum keeps or drops a NaN by the order it compares in, and that order differs here.
 PYINFER_INLINE void quantize_16_blocks(const float* x, block_q8a* dst) {
   __m512 t[16];
   alignas(64) float m1[16], amax[16], idf[16];
   alignas(64) int32_t sum[16], sum_lo[16];
   int jo[16];
-  for (int b = 0; b < 16; ++b)
-    t[b] = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 32 * b)), _mm512_abs_ps(_mm512_loadu_ps(x + 32 * b + 16)));
+  __mmask16 nan = 0;
+  for (int b = 0; b < 16; ++b) {
+    const __m512 v0 = _mm512_loadu_ps(x + 32 * b), v1 = _mm512_loadu_ps(x + 32 * b + 16);
+    nan |= _mm512_cmp_ps_mask(v0, v1, _CMP_UNORD_Q);
+    t[b] = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+  }
+  if (nan != 0) {
+    for (int b = 0; b < 16; ++b) quantize_block(x + 32 * b, dst[b]);
+    return;
+  }
   const __m512 vm1 = fold16(t, max_op);
   _mm512_store_ps(m1, vm1);
   for (int b = 0; b < 16; ++b) {
@@ -124,7 +133,7 @@ PYINFER_INLINE void quantize_16_blocks(const float* x, block_q8a* dst) {
   // act_amax and the inverse scale, lane by lane.
   const __mmask16 split = _mm512_cmp_ps_mask(vm1, _mm512_mul_ps(_mm512_set1_ps(2.0f), vm2), _CMP_GT_OQ);
   const __m512 va = _mm512_mask_max_ps(vm1, split, vm2, _mm512_div_ps(vm1, _mm512_set1_ps(128.0f)));
-  const __mmask16 nz = _mm512_cmp_ps_mask(va, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+  const __mmask16 nz = _mm512_cmp_ps_mask(va, _mm512_setzero_ps(), _CMP_NEQ_UQ);  // amax != 0, as in C
   _mm512_store_ps(amax, va);
   _mm512_store_ps(idf, _mm512_maskz_div_ps(nz, _mm512_set1_ps(127.0f), va));
   __m512 lo[16];
