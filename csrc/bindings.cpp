@@ -163,6 +163,14 @@ Precision parse_precision(const std::string& precision) {
   throw py::value_error("precision must be 'fast' or 'exact', got '" + precision + "'");
 }
 
+// Bytes of n weight rows of K elements, as stored or (packed) in the 16-row layout; -1 for a
+// type, K or n the layout does not take.
+int64_t weight_bytes(uint32_t w_type, int64_t n, int64_t k, bool packed) {
+  const int64_t row_bytes = matmul_row_bytes(w_type, k);
+  if (row_bytes < 0 || n < 1) return -1;
+  return packed ? packed_bytes(w_type, n, k) : checked_mul(n, row_bytes, "weight bytes (n * row bytes)");
+}
+
 // y[M, N] = x[M, K] @ W[N, K]^T. w is any C-contiguous array holding exactly N rows of the
 // type's GGUF encoding (raw uint8 bytes, or e.g. float16 [N, K]); nothing is copied.
 py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t n, int64_t k,
@@ -181,8 +189,7 @@ py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t 
     throw py::value_error("x must be a C-contiguous float32 array of shape (M, k=" + std::to_string(k) + ")");
   if (packed && packed_bytes(w_type, n, k) < 0)
     throw py::value_error("packed weights are Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K (from repack)");
-  const int64_t w_bytes =
-      packed ? packed_bytes(w_type, n, k) : checked_mul(n, row_bytes, "weight bytes (n * row bytes)");
+  const int64_t w_bytes = weight_bytes(w_type, n, k, packed);
   if (!c_contig(w) || w.nbytes() != w_bytes)
     throw py::value_error(std::string("w must be a C-contiguous array of exactly ") +
                           (packed ? "repack's " : "n rows of the type: ") + std::to_string(w_bytes) + " bytes, got " +
@@ -223,23 +230,18 @@ py::array_t<float> matmul_parts_py(py::array x,
                                    const std::string& precision, int n_threads) {
   const Precision p = parse_precision(precision);
   if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
-  if (parts.empty() || parts.size() > 8) throw py::value_error("parts must hold 1 to 8 matrices");
+  if (parts.empty() || parts.size() > kMaxMatmulParts)
+    throw py::value_error("parts must hold 1 to " + std::to_string(kMaxMatmulParts) + " matrices");
   if (!py::isinstance<py::array_t<float>>(x) || x.ndim() != 2 || (x.flags() & py::array::c_style) == 0 ||
       x.shape(1) != k)
     throw py::value_error("x must be a C-contiguous float32 array of shape (M, k=" + std::to_string(k) + ")");
   int64_t width = 0;
   for (const auto& [w, type, n, packed] : parts) {
-    const int64_t row_bytes = matmul_row_bytes(type, k);
-    const int64_t bytes = row_bytes < 0 || n < 1 ? -1
-                          : packed               ? packed_bytes(type, n, k)
-                                                 : checked_mul(n, row_bytes, "weight bytes (n * row bytes)");
+    const int64_t bytes = weight_bytes(type, n, k, packed);
     if (bytes < 0 || (w.flags() & py::array::c_style) == 0 || w.nbytes() != bytes)
       throw py::value_error(
           "each part must be (C-contiguous weights of exactly n rows, as stored or packed by repack; "
           "a type id; n >= 1; packed)");
-    if (matmul_part_kernel(type, packed, p) == MatmulKernel::none)
-      throw py::value_error("type id " + std::to_string(type) + (packed ? " packed" : "") + " has no " + precision +
-                            " kernel of its own");
     width += n;
   }
   const int64_t M = x.shape(0);
@@ -250,8 +252,10 @@ py::array_t<float> matmul_parts_py(py::array x,
     mp.push_back({w.data(), type, n, y.mutable_data() + at, width, packed});
     at += n;
   }
-  py::gil_scoped_release release;
-  matmul_parts(static_cast<const float*>(x.data()), M, k, mp.data(), static_cast<int>(mp.size()), p, n_threads);
+  {
+    py::gil_scoped_release release;  // matmul_parts refuses a part without a kernel of its own
+    matmul_parts(static_cast<const float*>(x.data()), M, k, mp.data(), static_cast<int>(mp.size()), p, n_threads);
+  }
   return y;
 }
 

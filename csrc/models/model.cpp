@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <stdexcept>
 
 #include "kernels/packed16.h"
@@ -165,11 +166,23 @@ Scratch::Scratch(const ModelDims& c, int64_t rows) : n_rows(rows) {
 
 void Model::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
+namespace {
+
+// W as a matmul part in `precision`: its packed copy in fast mode where there is one, else
+// as stored; outputs to y at row stride ldy.
+MatmulPart weight_part(const WeightRef& w, Precision precision, float* y, int64_t ldy) {
+  const bool packed = precision == Precision::fast && w.packed != nullptr;
+  return {packed ? w.packed : w.data, w.type, w.rows, y, ldy, packed};
+}
+
+}  // namespace
+
 void Model::matmul(const WeightRef& w, const float* x, int64_t M, float* y, Precision precision, int n_threads) {
-  if (w.packed != nullptr && precision == Precision::fast)
-    matmul_packed(x, M, w.cols, w.packed, w.type, w.rows, y, precision, n_threads);
+  const MatmulPart part = weight_part(w, precision, y, w.rows);
+  if (part.packed)
+    matmul_packed(x, M, w.cols, part.w, w.type, w.rows, y, precision, n_threads);
   else
-    pyinfer::matmul(x, M, w.cols, w.data, w.type, w.rows, y, precision, n_threads);
+    pyinfer::matmul(x, M, w.cols, part.w, w.type, w.rows, y, precision, n_threads);
 }
 
 void Model::output_head(const float* x, const int64_t* out_rows, int64_t n_out, const float* norm, float eps,
@@ -230,31 +243,27 @@ void Model::repack(const std::vector<WeightRef*>& items) {
 Projected project(const std::vector<const WeightRef*>& parts, const float* xn, int64_t n_rows, float* buf,
                   Precision precision, int n_threads) {
   Projected p{};
-  constexpr size_t kMaxParts = 3;
-  MatmulPart mp[kMaxParts];
-  bool one = parts.size() <= kMaxParts;
+  const size_t n = parts.size();
+  bool one = n <= std::size(p.part);
   int64_t width = 0;
-  for (size_t i = 0; i < parts.size() && one; ++i) {
-    const WeightRef& w = *parts[i];
-    const bool packed = precision == Precision::fast && w.packed != nullptr;
-    mp[i] = {packed ? w.packed : w.data, w.type, w.rows, nullptr, 0, packed};
-    one = w.cols == parts.front()->cols && matmul_part_kernel(w.type, packed, precision) != MatmulKernel::none;
-    width += w.rows;
+  for (const WeightRef* w : parts) {
+    const MatmulPart part = weight_part(*w, precision, nullptr, 0);
+    one = one && w->cols == parts.front()->cols &&
+          matmul_part_kernel(w->type, part.packed, precision) != MatmulKernel::none;
+    width += w->rows;
   }
+  MatmulPart mp[std::size(p.part)];
   float* at = buf;
-  for (size_t i = 0; i < parts.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     p.part[i] = at;
     p.stride[i] = one ? width : parts[i]->rows;
     at += one ? parts[i]->rows : n_rows * parts[i]->rows;
-    if (one) {
-      mp[i].y = p.part[i];
-      mp[i].ldy = p.stride[i];
-    }
+    if (one) mp[i] = weight_part(*parts[i], precision, p.part[i], width);
   }
   if (one) {
-    matmul_parts(xn, n_rows, parts.front()->cols, mp, static_cast<int>(parts.size()), precision, n_threads);
+    matmul_parts(xn, n_rows, parts.front()->cols, mp, static_cast<int>(n), precision, n_threads);
   } else {
-    for (size_t i = 0; i < parts.size(); ++i) Model::matmul(*parts[i], xn, n_rows, p.part[i], precision, n_threads);
+    for (size_t i = 0; i < n; ++i) Model::matmul(*parts[i], xn, n_rows, p.part[i], precision, n_threads);
   }
   return p;
 }

@@ -186,26 +186,33 @@ MatmulKernel matmul_part_kernel(uint32_t w_type, bool packed, Precision precisio
 void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts, int n_parts, Precision precision,
                   int n_threads) {
   if (M < 0) throw std::invalid_argument("matmul: negative M");
+  if (n_parts < 1 || n_parts > kMaxMatmulParts)
+    throw std::invalid_argument("matmul: 1 to " + std::to_string(kMaxMatmulParts) + " parts, got " +
+                                std::to_string(n_parts));
   const KernelTable& kt = kernels();
-  // Each part's rows in 16-row groups, laid end to end: part i's start in bytes, and its kernel.
-  std::vector<int64_t> start(static_cast<size_t>(n_parts) + 1, 0);
-  std::vector<MatmulKernel> kind(static_cast<size_t>(n_parts));
+  // Each part's rows in 16-row groups, laid end to end: where the part starts (in bytes), its
+  // row bytes and its kernel.
+  struct Plan {
+    int64_t start, row_bytes;
+    MatmulKernel kind;
+  } plan[kMaxMatmulParts];
+  int64_t total = 0;
   bool quantized = false;
   for (int i = 0; i < n_parts; ++i) {
     const MatmulPart& p = parts[i];
     const int64_t row_bytes = matmul_row_bytes(p.w_type, K);
     if (p.N < 0 || p.ldy < p.N) throw std::invalid_argument("matmul: negative N or a row stride below N");
-    kind[i] = row_bytes < 0 ? MatmulKernel::none : matmul_part_kernel(p.w_type, p.packed, precision);
-    if (kind[i] == MatmulKernel::none)
+    const MatmulKernel kind = row_bytes < 0 ? MatmulKernel::none : matmul_part_kernel(p.w_type, p.packed, precision);
+    if (kind == MatmulKernel::none)
       throw std::invalid_argument("matmul: no " + std::string(precision == Precision::fast ? "fast" : "exact") +
-                                  (p.packed ? " packed" : "") + " kernel of its own for weight type id " +
+                                  " kernel of its own for " + (p.packed ? "packed " : "") + "weight type id " +
                                   std::to_string(p.w_type) + type_label(p.w_type) + " with K=" + std::to_string(K));
-    quantized = quantized || kind[i] != MatmulKernel::exact;
-    start[i + 1] = checked_add(
-        start[i], checked_mul(checked_round_up(p.N, kPackRows, "rows in 16-row groups"), row_bytes, "a part's bytes"),
+    plan[i] = {total, row_bytes, kind};
+    quantized = quantized || kind != MatmulKernel::exact;
+    total = checked_add(
+        total, checked_mul(checked_round_up(p.N, kPackRows, "rows in 16-row groups"), row_bytes, "a part's bytes"),
         "the parts' bytes");
   }
-  const int64_t total = start[static_cast<size_t>(n_parts)];
   if (M == 0 || total == 0) return;
   if (n_threads < 1) n_threads = 1;
   const int64_t nb = K / QK8_A;
@@ -221,8 +228,8 @@ void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts,
       const int64_t lo = total * c / n_chunks, hi = total * (c + 1) / n_chunks;
       for (int i = 0; i < n_parts; ++i) {
         const MatmulPart& p = parts[i];
-        const int64_t row_bytes = matmul_row_bytes(p.w_type, K), gb = kPackRows * row_bytes;
-        const int64_t a = start[i], b = start[i + 1];
+        const int64_t row_bytes = plan[i].row_bytes, gb = kPackRows * row_bytes;
+        const int64_t a = plan[i].start, b = i + 1 < n_parts ? plan[i + 1].start : total;
         if (hi <= a || lo >= b) continue;
         const int64_t g0 = lo <= a ? 0 : (lo - a + gb - 1) / gb, g1 = hi >= b ? (b - a) / gb : (hi - a + gb - 1) / gb;
         const int64_t n0 = g0 * kPackRows, n1 = g1 * kPackRows < p.N ? g1 * kPackRows : p.N;
@@ -231,7 +238,7 @@ void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts,
         for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
           const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;
           float* y = p.y + m0 * p.ldy + n0;
-          switch (kind[i]) {
+          switch (plan[i].kind) {
             case MatmulKernel::fast_packed:
               kt.matmul_fast_packed[p.w_type](w, row_bytes, xq.get() + m0 * nb, mc, K, n1 - n0, y, p.ldy);
               break;

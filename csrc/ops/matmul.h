@@ -49,9 +49,11 @@ struct MatmulPart {
 // mode), or none (quantized weights in exact mode, dequantized a group of rows at a time).
 enum class MatmulKernel { none, fast_packed, fast, exact };
 MatmulKernel matmul_part_kernel(uint32_t w_type, bool packed, Precision precision);
-// y_i = x @ W_i^T for each part, every part with a kernel of its own: x quantized once (if
-// any part wants it) and the parts' rows split over the threads as one job, by bytes,
-// whatever their types; each part's results the same as its own matmul's, on any thread count.
+// y_i = x @ W_i^T for each of 1 to kMaxMatmulParts parts, every part with a kernel of its own:
+// x quantized once (if any part wants it) and the parts' rows split over the threads as one
+// job, by bytes, whatever their types; each part's results the same as its own matmul's, on
+// any thread count.
+constexpr int kMaxMatmulParts = 8;
 void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts, int n_parts, Precision precision,
                   int n_threads);
 

@@ -48,6 +48,15 @@ PYINFER_INLINE float f16_scale(const uint8_t* p) { return _cvtsh_ss(load_u16_le(
 
 PYINFER_INLINE float max32(__m512 a0, __m512 a1) { return _mm512_reduce_max_ps(_mm512_max_ps(a0, a1)); }
 
+// A block's fields once its quants are stored: a split block's largest element (jo) stored
+// apart, then the scale and sums.
+PYINFER_INLINE void finish_block(const float* x, block_q8a& dst, bool split, int jo, float amax, float idf, int32_t sum,
+                                 int32_t sum_lo) {
+  int h = 0;
+  if (split) dst.qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
+  act_finish(dst, amax, sum, sum_lo, h, jo);
+}
+
 // One block at a time: for the blocks past the last whole run of 16.
 PYINFER_INLINE void quantize_block(const float* x, block_q8a& dst) {
   const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
@@ -69,12 +78,9 @@ PYINFER_INLINE void quantize_block(const float* x, block_q8a& dst) {
   const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, id));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst.qs), _mm512_cvtepi32_epi8(q0));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst.qs + 16), _mm512_cvtepi32_epi8(q1));
-  int h = 0;
-  if (split) dst.qs[jo] = static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[jo] * idf)), &h));
   // Sums in vector lanes, which wrap (a row holding inf or NaN converts to INT_MIN lanes):
   // equal to the exact sums whenever those fit, never undefined behaviour.
-  const int32_t sum_lo = hsum_epi32(q0);
-  act_finish(dst, amax, hsum_epi32(_mm512_add_epi32(q0, q1)), sum_lo, h, jo);
+  finish_block(x, dst, split, jo, amax, idf, hsum_epi32(_mm512_add_epi32(q0, q1)), hsum_epi32(q0));
 }
 
 // Sixteen vectors' lanes folded by op into one vector, lane b holding op over all of v[b]'s
@@ -149,13 +155,8 @@ PYINFER_INLINE void quantize_16_blocks(const float* x, block_q8a* dst) {
   }
   _mm512_store_si512(sum_lo, _mm512_castps_si512(fold16(lo, add_i32_op)));
   _mm512_store_si512(sum, _mm512_castps_si512(fold16(t, add_i32_op)));
-  for (int b = 0; b < 16; ++b) {
-    int h = 0;
-    if ((split >> b) & 1)
-      dst[b].qs[jo[b]] =
-          static_cast<int8_t>(act_split(static_cast<int>(std::nearbyint(x[32 * b + jo[b]] * idf[b])), &h));
-    act_finish(dst[b], amax[b], sum[b], sum_lo[b], h, jo[b]);
-  }
+  for (int b = 0; b < 16; ++b)
+    finish_block(x + 32 * b, dst[b], (split >> b) & 1, jo[b], amax[b], idf[b], sum[b], sum_lo[b]);
 }
 
 void quantize_act_avx512(const float* x, block_q8a* dst, int64_t k) {

@@ -55,8 +55,7 @@ def run_bench(studies: list[str] | None = None, *, model: ModelArg = None, quick
     if threads and min(threads) < 1:
         raise ValueError("thread counts must be positive")
     s = Settings(model=resolve_model(model), threads=sorted(set(threads or default_thread_counts())),
-                 quick=quick, out=Path(out), openvino_python=openvino_python,
-                 llama_bench=[llama_bench] if isinstance(llama_bench, str) else llama_bench,
+                 quick=quick, out=Path(out), llama_bench=llama_bench, openvino_python=openvino_python,
                  peers=peers, peer_python=peer_python,
                  peer_server=peer_server, ray=ray, env=environment())
     started = time.perf_counter()

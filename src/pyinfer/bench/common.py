@@ -108,7 +108,7 @@ class Settings:
     threads: list[int]
     quick: bool = False
     out: Path = Path("bench-results")
-    llama_bench: list[str] | None = None  # llama-bench binaries, each PATH or NAME=PATH
+    llama_bench: list[str] | str | None = None  # llama-bench binaries, each PATH or NAME=PATH
     openvino_python: str | None = None  # an interpreter with openvino-genai (the peers study)
     peers: bool = True
     peer_python: str | None = None  # an interpreter with llama-cpp-python[server] (the serve study)
