@@ -209,8 +209,10 @@ def test_eight_requests_are_eight_rows_adding_up(page, server, shots):
     for t in threads:
         t.start()
     # While they run, rows update: one seen running grows.
-    page.wait_for_selector(".row.state-decode", timeout=60_000)
-    first = page.eval_on_selector(".row.state-decode", "e => [e.dataset.requestId, +e.dataset.e2eMs]")
+    # Read in the same poll that finds it: a row can leave decode between two calls.
+    first = page.wait_for_function(
+        "() => { const e = document.querySelector('.row.state-decode');"
+        " return e && [e.dataset.requestId, +e.dataset.e2eMs]; }", timeout=60_000).json_value()
     page.wait_for_function("([id, ms]) => { const r = document.querySelector(`[data-request-id='${id}']`);"
                            " return r && +r.dataset.e2eMs > ms; }", arg=first)
     page.screenshot(path=shots / "web-live-running.png")
