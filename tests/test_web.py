@@ -234,14 +234,16 @@ def test_eight_requests_are_eight_rows_adding_up(page, server, shots):
         segs = row["segs"]
         assert list(segs) == ["tokenize", "queue", "prefill", "first_sample", "decode"], segs
         total = sum(segs.values())
-        # The row's segments against the end-to-end time the client measured: never more,
-        # and short of it only by the stream's delivery to the client's thread (under load,
-        # eight Python client threads and the browser share the cores with the server).
-        assert 0.75 * got["e2e_ms"] <= total <= got["e2e_ms"] + 1.0, (i, segs, got)
+        # The row's segments against the end-to-end time the client measured: never more, and
+        # short of it by the stream's delivery to the client's thread. Under load (eight Python
+        # client threads and the browser share the cores with the server) that reached a
+        # quarter of it, so the exact accounting is against the engine's own figures below.
+        assert 0.5 * got["e2e_ms"] <= total <= got["e2e_ms"] + 1.0, (i, segs, got)
         # And against the response's own timings: the same phases, measured by the engine.
         assert abs(segs["tokenize"] - t["tokenize_ms"]) < 0.5, (segs, t)
         assert segs["queue"] >= t["queue_ms"] - 0.5 and segs["prefill"] >= t["prompt_ms"] - 0.5, (segs, t)
         assert abs(sum(segs[k] for k in ("tokenize", "queue", "prefill", "first_sample")) - t["ttft_ms"]) < 1.0
+        assert segs["decode"] >= t["predicted_ms"] - 0.5, (segs, t)  # first token to the last, and the finish
         assert t["predicted_n"] == 48 and row["width"] > 0
         assert "decode" in row["label"] and "queue" in row["label"]
     # The cards above: the batch, tokens/s and KV memory, with charts of the last minutes.
