@@ -187,9 +187,9 @@ py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t 
   const auto c_contig = [](const py::array& a) { return (a.flags() & py::array::c_style) != 0; };
   if (!py::isinstance<py::array_t<float>>(x) || x.ndim() != 2 || !c_contig(x) || x.shape(1) != k)
     throw py::value_error("x must be a C-contiguous float32 array of shape (M, k=" + std::to_string(k) + ")");
-  if (packed && packed_bytes(w_type, n, k) < 0)
+  const int64_t w_bytes = weight_bytes(w_type, n, k, packed);  // < 0 only for a type without a packed layout
+  if (w_bytes < 0)
     throw py::value_error("packed weights are Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K (from repack)");
-  const int64_t w_bytes = weight_bytes(w_type, n, k, packed);
   if (!c_contig(w) || w.nbytes() != w_bytes)
     throw py::value_error(std::string("w must be a C-contiguous array of exactly ") +
                           (packed ? "repack's " : "n rows of the type: ") + std::to_string(w_bytes) + " bytes, got " +

@@ -244,21 +244,26 @@ Projected project(const std::vector<const WeightRef*>& parts, const float* xn, i
                   Precision precision, int n_threads) {
   Projected p{};
   const size_t n = parts.size();
-  bool one = n <= std::size(p.part);
-  int64_t width = 0;
-  for (const WeightRef* w : parts) {
-    const MatmulPart part = weight_part(*w, precision, nullptr, 0);
-    one = one && w->cols == parts.front()->cols &&
-          matmul_part_kernel(w->type, part.packed, precision) != MatmulKernel::none;
-    width += w->rows;
-  }
   MatmulPart mp[std::size(p.part)];
+  // One job when every part fits the array, shares K and has a kernel of its own; the outputs
+  // side by side, so their row stride (the total width) is set once it is known.
+  bool one = n <= std::size(mp);
+  int64_t width = 0;
+  for (size_t i = 0; i < n && one; ++i) {
+    mp[i] = weight_part(*parts[i], precision, nullptr, 0);
+    one = parts[i]->cols == parts.front()->cols &&
+          matmul_part_kernel(mp[i].w_type, mp[i].packed, precision) != MatmulKernel::none;
+    width += parts[i]->rows;
+  }
   float* at = buf;
   for (size_t i = 0; i < n; ++i) {
     p.part[i] = at;
     p.stride[i] = one ? width : parts[i]->rows;
     at += one ? parts[i]->rows : n_rows * parts[i]->rows;
-    if (one) mp[i] = weight_part(*parts[i], precision, p.part[i], width);
+    if (one) {
+      mp[i].y = p.part[i];
+      mp[i].ldy = width;
+    }
   }
   if (one) {
     matmul_parts(xn, n_rows, parts.front()->cols, mp, static_cast<int>(n), precision, n_threads);
