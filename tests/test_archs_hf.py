@@ -10,16 +10,14 @@ comparisons skip, except in CI (CI set), where they fail.
 
 from __future__ import annotations
 
-import importlib
-import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+from _optional import need
 
 from pyinfer import Model, reference
 from pyinfer.arch import ARCHITECTURES, UnsupportedModelError, describe
@@ -44,13 +42,6 @@ CASES: dict[str, dict[str, Any]] = {
 IDS = [int(i) for i in np.random.default_rng(1).integers(0, N_VOCAB, 40)]
 
 
-def _need(name: str) -> ModuleType:
-    """The module, or a skip; in CI (CI set, e.g. CI=true) a missing module fails the test."""
-    if os.environ.get("CI"):
-        return importlib.import_module(name)
-    return pytest.importorskip(name)
-
-
 def write_case(path: Path, case: str, ggml_type: GGMLType = GGMLType.Q8_0, **overrides: Any) -> Path:
     opts = dict(CASES[case], **overrides)
     shape = Shape(n_layer=2, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=N_VOCAB, n_ctx=256,
@@ -71,9 +62,9 @@ def hf_logits(path: Path, ids: list[int]) -> np.ndarray:
     (`rope.dimension_count`, unmapped); a llama file with a window runs as transformers'
     Mistral model (its loader picks that class by general.name alone), with the weights the
     loader read."""
-    torch = _need("torch")
-    transformers = _need("transformers")
-    _need("accelerate")  # transformers loads GGUF files only with it
+    torch = need("torch")
+    transformers = need("transformers")
+    need("accelerate")  # transformers loads GGUF files only with it
     md = GGUFReader(path).metadata
     arch = md["general.architecture"]
     cfg = transformers.AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
@@ -247,8 +238,8 @@ def _texts() -> list[str]:
 def test_token_ids_match_transformers_tokenizer(files: dict[str, Path], case: str) -> None:
     """llama-bpe (Llama 3's split), qwen2 (digits one by one) and SentencePiece ids equal those
     of the fast tokenizer transformers builds from the file's vocabulary."""
-    _need("tokenizers")
-    transformers = _need("transformers")
+    need("tokenizers")
+    transformers = need("transformers")
     path = files[case]
     hf = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     tok = Tokenizer.load(path)
