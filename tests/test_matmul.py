@@ -392,23 +392,23 @@ def test_packed_threads_bitwise_identical(isa, tname):
 @pytest.mark.parametrize("precision,mix", [
     ("fast", ("q4_k", "q6_k", "q8_0")), ("fast", ("q5_0", "q4_1")), ("fast", ("q6_k",)),
     ("fast", ("q8_0", "q4_0", "q5_1")), ("fast", ("f16", "q4_k", "bf16")), ("fast", ("f32", "f16")),
-    ("fast", ("q8_0", "q4_1", "q6_k")), ("exact", ("f16", "f16", "f32")), ("exact", ("bf16",))])
+    ("fast", ("q8_0 as stored", "q4_1", "q6_k")), ("exact", ("f16", "f16", "f32")), ("exact", ("bf16",))])
 def test_parts_in_one_job(isa, precision, mix):
     """Several matrices of any types sharing one input, in one job (a model's Q, K, V or gate
     and up): each part's outputs, side by side, are the bits of its own matmul, on any thread
     count and activation row count. The parts are split over the threads by bytes, so shares
     start and end inside parts: rows of 37 and 100 (partial groups); several 512 KiB shares per
-    thread in a many-row call where the total allows (the float mixes, and the 8-bit one with
-    its first part as stored: a fast kernel of its own, the 16-row layout not needed)."""
+    thread in a many-row call where the total allows (the float mixes, and an 8-bit one with
+    its first part "as stored": a fast kernel of its own, the 16-row layout not needed)."""
     k = 1024
     rng = np.random.default_rng(21)
     parts = []
-    for i, (tname, n) in enumerate(zip(mix, [1200 if mix[0] == "q8_0" else 400, 37, 100])):
-        w_type = TYPES[tname]
+    for tname, n in zip(mix, [1200 if mix[0].startswith("q8_0") else 400, 37, 100]):
+        w_type = TYPES[tname.split()[0]]
         w = rng.standard_normal((n, k)).astype(np.float32)
-        if w_type in QUANT and (i > 0 or mix[1:] != ("q4_1", "q6_k")):
+        if w_type in QUANT and not tname.endswith("as stored"):
             parts.append((_C.repack(quants.quantize(w, w_type), w_type, n, k), w_type, n, True))
-        else:  # as stored
+        else:
             parts.append((quants.quantize(w, w_type) if w_type != F32 else w, w_type, n, False))
     x = (rng.standard_normal((150, k)) * rng.uniform(0.1, 10.0, (150, 1))).astype(np.float32)
     for m in (1, 3, 64, 65, 150):
