@@ -63,6 +63,26 @@ def test_append_exact(isa: str, dtype: str, n_head_kv: int, head_dim: int) -> No
     assert c.n_pos(2) == 0
 
 
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_large_cache_reads_zero_until_written(isa: str, dtype: str) -> None:
+    # Keys and values of a few MiB take the huge-page allocation; memory a freed cache held,
+    # filled with data, must read as zero again in the next one.
+    shape = (4, 2, 64, 4096)
+    width = shape[1] * shape[2]
+    rng = rng_for(9)
+    for round_ in range(3):
+        c = _C.KVCache(*shape, dtype)
+        for layer in range(shape[0]):
+            assert c.n_pos(layer) == 0
+            assert not np.any(c.keys(layer)) and not np.any(c.values(layer)), (round_, layer)
+        k, v = rows(rng, shape[3], width), rows(rng, shape[3], width)
+        for layer in range(shape[0]):
+            c.append(layer, k, v, 0)
+        assert np.mean(c.values(shape[0] - 1) != 0) > 0.9  # written (q8_0 rounds a few to zero)
+        c.append(0, k[:3], v[:3], 0)  # the later positions dropped, their bytes kept
+        del c
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_append_in_pieces(isa: str, dtype: str) -> None:
     """Keys appended in pieces (key blocks of 16 positions filled across appends, written into

@@ -2,8 +2,6 @@
 // repacked-weight arena, scratch, sequences, batched decode and the architecture registry.
 #include "models/model.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +11,7 @@
 #include "kernels/packed16.h"
 #include "ops/ops.h"
 #include "runtime/checked.h"
+#include "runtime/huge_pages.h"
 
 namespace pyinfer {
 
@@ -213,17 +212,10 @@ void Model::repack(const std::vector<WeightRef*>& items) {
   for (const WeightRef* w : items) total_bytes = checked_add(total_bytes, arena_bytes(*w), "repacked weight bytes");
   const size_t total = to_size(total_bytes, "repacked weight bytes");
   if (total == 0) return;
-  // 2 MiB-aligned and advised onto transparent huge pages: fewer TLB misses in the
-  // prefetchers' way (docs/tuning.md has the measurement). The file's own pages may be small
-  // ones (a file read back into the page cache after it was evicted), so float matrices are
-  // copied here too.
-  constexpr size_t kHugePage = size_t{2} << 20;
-  const size_t alloc = (total + kHugePage - 1) / kHugePage * kHugePage;
-  packed_arena_.reset(static_cast<uint8_t*>(std::aligned_alloc(kHugePage, alloc)));
-  if (!packed_arena_) throw AllocationError(alloc, "the repacked weights");
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  madvise(packed_arena_.get(), alloc, MADV_HUGEPAGE);  // advice only: failure leaves small pages
-#endif
+  // On huge pages: fewer TLB misses in the prefetchers' way (docs/tuning.md has the
+  // measurement). The file's own pages may be small ones (a file read back into the page cache
+  // after it was evicted), so float matrices are copied here too.
+  packed_arena_.reset(huge_page_alloc(total, false, "the repacked weights"));
   uint8_t* p = packed_arena_.get();
   for (WeightRef* w : items) {
     const int64_t n = arena_bytes(*w);
