@@ -183,6 +183,15 @@ void f32_to_f16_avx512(const float* src, fp16_t* dst, int64_t n) {
   }
 }
 
+// v, kept in a register: GCC would otherwise fold a load of it into each of the multiply-adds
+// that use it, as a memory operand, several loads where one will do (docs/tuning.md, "the key
+// vector pinned in a register"). The value passes through a local, not an array element: an
+// array's element in the asm operand keeps the whole array on the stack, stored and reloaded.
+inline __m512 pinned(__m512 v) {
+  __asm__("" : "+v"(v));
+  return v;
+}
+
 // 16 cached elements from p[idx..] (masked) as float32, of the cache's type KT (KvType); for
 // KV_Q8_0 the int8 elements, their scales applied by the caller.
 template <int KT>
@@ -211,13 +220,9 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
       UNROLL for (int n = 0; n < NB; ++n) sv[n] = _mm512_loadu_ps(ks + d / kKvQ8Chunk * ks_stride + n * kKeyBlock);
     __m512 kv[NB];
     UNROLL for (int n = 0; n < NB; ++n) {
-      kv[n] = kv16<KT>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
+      const __m512 e = kv16<KT>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
       attn_fetch_ahead<AHEAD>(k, (n * head_dim + d) * kKeyBlock * kv_elem_bytes(KT));
-      if (KT == KV_Q8_0) kv[n] = _mm512_mul_ps(kv[n], sv[n]);
-      // Pin the vector in a register: GCC would otherwise fold the load into each of the RG
-      // multiply-adds as a memory operand, RG loads where one will do (docs/tuning.md,
-      // "the key vector pinned in a register").
-      __asm__("" : "+v"(kv[n]));
+      kv[n] = pinned(KT == KV_Q8_0 ? _mm512_mul_ps(e, sv[n]) : e);
     }
     UNROLL for (int r = 0; r < RG; ++r) {
       const __m512 qd = _mm512_set1_ps(g.q[r][d]);
@@ -243,11 +248,9 @@ inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
     const int64_t at = j * head_dim + i0;
     __m512 vv[C];
     UNROLL for (int c = 0; c < C; ++c) {
-      vv[c] = kv16<KT>(v, at + 16 * c, m[c]);
+      const __m512 e = kv16<KT>(v, at + 16 * c, m[c]);
       attn_fetch_ahead<AHEAD>(v, (at + 16 * c) * kv_elem_bytes(KT));
-      if (KT == KV_Q8_0)
-        vv[c] = _mm512_mul_ps(vv[c], _mm512_set1_ps(vs[(at + 16 * c) / kKvQ8Chunk]));
-      __asm__("" : "+v"(vv[c]));  // one load for RG multiply-adds, as in score_blocks
+      vv[c] = pinned(KT == KV_Q8_0 ? _mm512_mul_ps(e, _mm512_set1_ps(vs[(at + 16 * c) / kKvQ8Chunk])) : e);
     }
     UNROLL for (int r = 0; r < RG; ++r) {
       const __m512 pr = _mm512_set1_ps(p[r * ls + j - base]);
