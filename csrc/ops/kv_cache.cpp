@@ -18,14 +18,17 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// Zeroed memory that becomes resident only as it is written. Keys and values of more than a
-// huge page go on huge pages: attention streams them whole on every decode step, and over 4 KiB
-// pages it stalled on the page walks (docs/tuning.md, "the KV cache on huge pages"). A cache's
-// regions of one (layer, KV head) are shorter than a huge page for all but long contexts, so
-// after its first position most of such a cache is resident, as if allocated up front (as the
-// serving engine's memory budget already counts it). Smaller arrays (the scales) come from calloc.
+// Zeroed memory that becomes resident only as it is written. On Linux an array of 2 MiB or
+// more (keys, values, and a long q8_0 cache's scales) goes on huge pages: attention streams
+// them whole on every decode step, and over 4 KiB pages it stalled on the page walks
+// (docs/tuning.md, "the KV cache on huge pages"). A cache's regions of one (layer, KV head) are
+// shorter than a huge page for all but long contexts, so after its first position most of such a
+// cache is resident, as if allocated up front (as the serving engine's memory budget already
+// counts it). Smaller arrays, and every array elsewhere, come from calloc.
 uint8_t* zeroed(size_t n, const char* what) {
+#if defined(__linux__)
   if (n >= kHugePage) return huge_page_alloc(n, true, what);
+#endif
   void* p = std::calloc(n == 0 ? 1 : n, 1);
   if (p == nullptr) throw AllocationError(n, what);
   return static_cast<uint8_t*>(p);

@@ -14,9 +14,9 @@ namespace pyinfer {
 
 uint8_t* huge_page_alloc(size_t n, bool zeroed, const char* what) {
   if (n > SIZE_MAX - kHugePage) throw AllocationError(n, what);
-  const size_t alloc = (n == 0 ? 1 : n + kHugePage - 1) / kHugePage * kHugePage;
+  const size_t alloc = n == 0 ? kHugePage : (n + kHugePage - 1) / kHugePage * kHugePage;
   auto* p = static_cast<uint8_t*>(std::aligned_alloc(kHugePage, alloc));
-  if (p == nullptr) throw AllocationError(alloc, what);
+  if (p == nullptr) throw AllocationError(n, what);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   madvise(p, alloc, MADV_HUGEPAGE);
 #endif
