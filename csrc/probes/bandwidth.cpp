@@ -6,16 +6,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <memory>
-#include <new>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include "probes/probe_kernels.h"
+#include "runtime/huge_pages.h"
 #include "runtime/isa.h"
 
 namespace pyinfer {
@@ -77,21 +73,14 @@ class SpinBarrier {
 
 namespace {
 
-// Memory that large arrays of weights get: 2 MiB aligned and advised to transparent huge
-// pages. NumPy asks for huge pages on every large array (and the kernels read weights
+// Memory as the repacked weights get it (runtime/huge_pages.h): 2 MiB aligned and advised
+// to transparent huge pages. NumPy asks for huge pages on every large array (and the kernels read weights
 // through NumPy), and a stream over huge pages reads faster (fewer TLB misses), so a probe on
 // small pages was no ceiling for a GEMV on huge ones (docs/tuning.md, "arrays on huge
 // pages"). Where the kernel grants no huge pages, neither does it to NumPy, and both use
 // small pages.
 std::unique_ptr<uint8_t, FreeDeleter> alloc_like_weights(size_t n_bytes) {
-  constexpr size_t kHugePage = size_t{2} << 20;
-  const size_t alloc_bytes = (n_bytes + kHugePage - 1) / kHugePage * kHugePage;
-  std::unique_ptr<uint8_t, FreeDeleter> buf(static_cast<uint8_t*>(std::aligned_alloc(kHugePage, alloc_bytes)));
-  if (!buf) throw std::bad_alloc();
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  madvise(buf.get(), alloc_bytes, MADV_HUGEPAGE);  // advice only: failure leaves small pages
-#endif
-  return buf;
+  return std::unique_ptr<uint8_t, FreeDeleter>(huge_page_alloc(n_bytes, false, "the bandwidth probe's arrays"));
 }
 
 // Starts n_threads threads (the caller is thread 0) once; each runs init(t), then for every
