@@ -147,8 +147,9 @@ struct KernelTuning {
   bool stream_fetch_ahead = true;
 };
 // How far ahead of what a kernel reads it requests a stream's lines, where it does (exact
-// kernels and attention): bytes.
-constexpr int64_t kStreamFetchAhead = 4096;
+// kernels and attention): bytes. The requests go to L2 (x86's T1): into L1 they held the fill
+// buffers the loads themselves wait on (docs/tuning.md, "requests ahead into L2").
+constexpr int64_t kStreamFetchAhead = 8192;
 
 // Each ISA's files fill their slots of a set; each function is defined in that ISA's files.
 void fill_dequant_scalar(KernelSet& t);  // dequantization

@@ -81,10 +81,10 @@ static inline void attn_key_blocks(const AttnTile& t, int64_t b0, int64_t b1, in
 }
 
 // With AHEAD, a read of the cached keys or values at byte `byte` of p that starts a line requests
-// the line kStreamFetchAhead bytes on (KernelTuning::stream_fetch_ahead).
+// the line kStreamFetchAhead bytes on into L2 (KernelTuning::stream_fetch_ahead).
 template <bool AHEAD>
 static inline void attn_fetch_ahead(const void* p, int64_t byte) {
-  if (AHEAD && byte % 64 == 0) __builtin_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, 0, 3);
+  if (AHEAD && byte % 64 == 0) __builtin_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, 0, 2);
 }
 
 // Softmax over each query's own positions: its scores (row r of s, position j at

@@ -110,7 +110,7 @@ PYINFER_INLINE void exact_tile(int type, int MT, bool ahead, const uint8_t* row,
   for (int64_t k = 0; k < K; k += 32) {
     if (ahead)  // 32 weights: one or two lines
       for (int64_t o = 0; o < 32 * eb; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(row) + k * eb + o + kStreamFetchAhead, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(row) + k * eb + o + kStreamFetchAhead, _MM_HINT_T1);
     __m256 wv[4];
     for (int i = 0; i < 4; ++i) wv[i] = load_w8(type, row, k + 8 * i);
     for (int c = 0; c < MT; ++c)
