@@ -69,6 +69,10 @@ struct AttnTile {
   int64_t head_dim;
   float scale;
   float* scores;  // scratch: n_rows * n_heads * attn_span(first(0), last + n_rows - 1) floats
+  // Whether this call reads each cached key and value once (a decode step's one query row),
+  // rather than again for later rows (prefill): where the kernels request them ahead, a line
+  // read once is requested into L2, one that later rows read again into L1.
+  bool reads_once;
 };
 // Each query's result depends on that query's inputs only, never on which rows and heads
 // share its tile, so any tiling gives the same bits.

@@ -80,11 +80,16 @@ static inline void attn_key_blocks(const AttnTile& t, int64_t b0, int64_t b1, in
   if (be > b1) score(Count<1>(), t.k_last, (b1 - b0) * kKeyBlock);
 }
 
-// With AHEAD, a read of the cached keys or values at byte `byte` of p that starts a line requests
-// the line kStreamFetchAhead bytes on into L2 (KernelTuning::stream_fetch_ahead).
-template <bool AHEAD>
+// Where the attention kernels request the cached keys and values ahead: not at all (the
+// tuning leaves the streams to the hardware prefetcher), into L1, or into L2.
+enum AttnFetch : int { kFetchNone, kFetchL1, kFetchL2 };
+
+// A read of the cached keys or values at byte `byte` of p that starts a line requests the line
+// kStreamFetchAhead bytes on, as FETCH says (KernelTuning::stream_fetch_ahead, AttnTile::reads_once).
+template <int FETCH>
 static inline void attn_fetch_ahead(const void* p, int64_t byte) {
-  if (AHEAD && byte % 64 == 0) __builtin_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, 0, 2);
+  if (FETCH != kFetchNone && byte % 64 == 0)
+    __builtin_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, 0, FETCH == kFetchL2 ? 2 : 3);
 }
 
 // Softmax over each query's own positions: its scores (row r of s, position j at
@@ -123,20 +128,36 @@ static inline AttnReach attn_reach(const AttnQueries<RG>& g) {
 //   Steps::exp_sum(p, n)                              p[0..n) = exp(p - max) in place, their sum;
 //   Steps::weigh<RG>(t, i0, b0, s, ls, inv, c0, c1)   output elements [c0, c1).
 // whole runs the three for each register group in turn; the others run one for all groups.
-template <class Steps>
+// Reuse and Once: the same steps, requesting keys and values ahead as a tile that reads them
+// again or once wants (AttnTile::reads_once); the softmax is theirs alike.
+template <class Reuse, class Once>
 struct AttnEntries {
   static void whole(const AttnTile& t) {
+    if (t.reads_once)
+      whole_with<Once>(t);
+    else
+      whole_with<Reuse>(t);
+  }
+  template <class S>
+  static void whole_with(const AttnTile& t) {
     attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
       constexpr int RG = decltype(rg)::value;
       float inv[RG];
-      Steps::template scores<RG>(t, i, b0, b1, b0, b1 + 1, s, ls);
+      S::template scores<RG>(t, i, b0, b1, b0, b1 + 1, s, ls);
       softmax_group<RG>(t, i, b0, s, ls, inv);
-      Steps::template weigh<RG>(t, i, b0, s, ls, inv, 0, t.head_dim);
+      S::template weigh<RG>(t, i, b0, s, ls, inv, 0, t.head_dim);
     });
   }
   static void scores(const AttnTile& t, int64_t bs, int64_t be) {
+    if (t.reads_once)
+      scores_with<Once>(t, bs, be);
+    else
+      scores_with<Reuse>(t, bs, be);
+  }
+  template <class S>
+  static void scores_with(const AttnTile& t, int64_t bs, int64_t be) {
     attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
-      Steps::template scores<decltype(rg)::value>(t, i, b0, b1, bs, be, s, ls);
+      S::template scores<decltype(rg)::value>(t, i, b0, b1, bs, be, s, ls);
     });
   }
   static void softmax(const AttnTile& t, float* inv) {
@@ -147,11 +168,18 @@ struct AttnEntries {
   // Softmax over each of the RG queries' own positions; inv[r] = 1 / the sum of its weights.
   template <int RG>
   static void softmax_group(const AttnTile& t, int64_t i0, int64_t b0, float* s, int64_t ls, float* inv) {
-    attn_softmax(attn_queries<RG>(t, i0), s, ls, b0 * kKeyBlock, inv, Steps::exp_sum);
+    attn_softmax(attn_queries<RG>(t, i0), s, ls, b0 * kKeyBlock, inv, Reuse::exp_sum);
   }
   static void weigh(const AttnTile& t, const float* inv, int64_t c0, int64_t c1) {
+    if (t.reads_once)
+      weigh_with<Once>(t, inv, c0, c1);
+    else
+      weigh_with<Reuse>(t, inv, c0, c1);
+  }
+  template <class S>
+  static void weigh_with(const AttnTile& t, const float* inv, int64_t c0, int64_t c1) {
     attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t, float* s, int64_t ls) {
-      Steps::template weigh<decltype(rg)::value>(t, i, b0, s, ls, inv + i, c0, c1);
+      S::template weigh<decltype(rg)::value>(t, i, b0, s, ls, inv + i, c0, c1);
     });
   }
   static AttnSteps steps() { return {scores, softmax, weigh}; }

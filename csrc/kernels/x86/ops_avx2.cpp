@@ -220,7 +220,7 @@ inline __m256 kv8_full(const void* p, int64_t idx) {
 // NB * 16 positions, two vectors per block. Each K vector load feeds RG multiply-adds, and
 // each score is one multiply-add chain over d = 0..head_dim-1 in order, so its bits do not
 // depend on RG or NB.
-template <int RG, int NB, bool F16, bool AHEAD>
+template <int RG, int NB, bool F16, int FETCH>
 inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls) {
   __m256 acc[RG][2 * NB];
   UNROLL for (int r = 0; r < RG; ++r)
@@ -230,7 +230,7 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
     UNROLL for (int n = 0; n < NB; ++n) {
       kv[2 * n] = kv8_full<F16>(k, (n * head_dim + d) * kKeyBlock);
       kv[2 * n + 1] = kv8_full<F16>(k, (n * head_dim + d) * kKeyBlock + 8);
-      attn_fetch_ahead<AHEAD>(k, (n * head_dim + d) * kKeyBlock * (F16 ? 2 : 4));
+      attn_fetch_ahead<FETCH>(k, (n * head_dim + d) * kKeyBlock * (F16 ? 2 : 4));
     }
     UNROLL for (int r = 0; r < RG; ++r) {
       const __m256 qd = _mm256_broadcast_ss(g.q[r] + d);
@@ -247,13 +247,13 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
 // [i0, i0 + 8 C), the last chunk holding `tail` (1..8) of them. With SOME, only the queries
 // whose own range holds j add, which leaves the others' sums exactly as if j were skipped.
 // Each V vector load feeds RG multiply-adds; each sum is one chain over j in order.
-template <int RG, int C, bool F16, bool AHEAD, bool SOME>
+template <int RG, int C, bool F16, int FETCH, bool SOME>
 inline void weigh_range(__m256 (&acc)[RG][C], const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base,
                         const void* v, int64_t j0, int64_t j1, int64_t head_dim, int64_t i0, int64_t tail) {
   for (int64_t j = j0; j <= j1; ++j) {
     const int64_t at = j * head_dim + i0;
     __m256 vv[C];
-    UNROLL for (int c = 0; c < C; ++c) attn_fetch_ahead<AHEAD>(v, (at + 8 * c) * (F16 ? 2 : 4));
+    UNROLL for (int c = 0; c < C; ++c) attn_fetch_ahead<FETCH>(v, (at + 8 * c) * (F16 ? 2 : 4));
     UNROLL for (int c = 0; c < C - 1; ++c) vv[c] = kv8_full<F16>(v, at + 8 * c);
     vv[C - 1] = tail == 8 ? kv8_full<F16>(v, at + 8 * (C - 1)) : kv8(v, at + 8 * (C - 1), tail, F16);
     UNROLL for (int r = 0; r < RG; ++r) {
@@ -267,16 +267,16 @@ inline void weigh_range(__m256 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
 // out[r][i0 .. i0 + 8 C) = inv[r] * sum over j in first[r]..last[r] of p[r * ls + j - base] v[j].
 // The positions all RG queries see go through the plain loop; rows of a tile that end (or,
 // with a window, start) at different positions leave a few at either end for the other one.
-template <int RG, int C, bool F16, bool AHEAD>
+template <int RG, int C, bool F16, int FETCH>
 inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base, const void* v,
                          int64_t head_dim, int64_t i0, int64_t tail, const float* inv) {
   __m256 acc[RG][C];
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
   const AttnReach a = attn_reach(g);
-  weigh_range<RG, C, F16, AHEAD, true>(acc, g, p, ls, base, v, a.lo, a.all_lo - 1, head_dim, i0, tail);
-  weigh_range<RG, C, F16, AHEAD, false>(acc, g, p, ls, base, v, a.all_lo, a.all_hi, head_dim, i0, tail);
-  weigh_range<RG, C, F16, AHEAD, true>(acc, g, p, ls, base, v, a.all_hi + 1, a.hi, head_dim, i0, tail);
+  weigh_range<RG, C, F16, FETCH, true>(acc, g, p, ls, base, v, a.lo, a.all_lo - 1, head_dim, i0, tail);
+  weigh_range<RG, C, F16, FETCH, false>(acc, g, p, ls, base, v, a.all_lo, a.all_hi, head_dim, i0, tail);
+  weigh_range<RG, C, F16, FETCH, true>(acc, g, p, ls, base, v, a.all_hi + 1, a.hi, head_dim, i0, tail);
   UNROLL for (int r = 0; r < RG; ++r) {
     const __m256 iv = _mm256_set1_ps(inv[r]);
     UNROLL for (int c = 0; c < C; ++c)
@@ -289,14 +289,14 @@ inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, i
 // (the three steps AttnEntries, in attn_groups.h, takes). Block and slice counts keep
 // accumulators, loaded vectors and a broadcast within the 16 registers. Scores against key
 // blocks [bs, be) of the span b0..b1.
-template <bool F16, bool AHEAD>
+template <bool F16, int FETCH>
 struct Steps {
   template <int RG>
   static void scores(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, int64_t bs, int64_t be, float* s, int64_t ls) {
     const AttnQueries<RG> g = attn_queries<RG>(t, i0);
     constexpr int NB = RG >= 3 ? 1 : 2;
     attn_key_blocks<NB>(t, b0, b1, bs, be, F16 ? 2 : 4, [&](auto nb, const void* k, int64_t at) {
-      score_blocks<RG, decltype(nb)::value, F16, AHEAD>(g, t.head_dim, k, t.scale, s + at, ls);
+      score_blocks<RG, decltype(nb)::value, F16, FETCH>(g, t.head_dim, k, t.scale, s + at, ls);
     });
   }
 
@@ -313,20 +313,22 @@ struct Steps {
     for (int64_t i = c0; i < c1; i += 8 * C) {
       const int64_t rest = c1 - i, chunks = (rest + 7) / 8;
       const int64_t tail = rest >= 8 * C ? 8 : rest - 8 * (chunks - 1);
-      if (chunks >= C) weigh_values<RG, C, F16, AHEAD>(g, s, ls, base, t.v, hd, i, tail, inv);
-      else if (chunks == 3) weigh_values<RG, 3, F16, AHEAD>(g, s, ls, base, t.v, hd, i, tail, inv);
-      else if (chunks == 2) weigh_values<RG, 2, F16, AHEAD>(g, s, ls, base, t.v, hd, i, tail, inv);
-      else weigh_values<RG, 1, F16, AHEAD>(g, s, ls, base, t.v, hd, i, tail, inv);
+      if (chunks >= C) weigh_values<RG, C, F16, FETCH>(g, s, ls, base, t.v, hd, i, tail, inv);
+      else if (chunks == 3) weigh_values<RG, 3, F16, FETCH>(g, s, ls, base, t.v, hd, i, tail, inv);
+      else if (chunks == 2) weigh_values<RG, 2, F16, FETCH>(g, s, ls, base, t.v, hd, i, tail, inv);
+      else weigh_values<RG, 1, F16, FETCH>(g, s, ls, base, t.v, hd, i, tail, inv);
     }
   }
 };
 
-template <bool AHEAD>
+// Reuse, Once: how the entries request keys and values ahead for a tile that reads them again
+// or once (AttnTile::reads_once).
+template <int Reuse, int Once>
 void fill_attention(KernelSet& t) {
-  t.attention[KV_F32] = AttnEntries<Steps<false, AHEAD>>::whole;
-  t.attention[KV_F16] = AttnEntries<Steps<true, AHEAD>>::whole;
-  t.attention_steps[KV_F32] = AttnEntries<Steps<false, AHEAD>>::steps();
-  t.attention_steps[KV_F16] = AttnEntries<Steps<true, AHEAD>>::steps();
+  t.attention[KV_F32] = AttnEntries<Steps<false, Reuse>, Steps<false, Once>>::whole;
+  t.attention[KV_F16] = AttnEntries<Steps<true, Reuse>, Steps<true, Once>>::whole;
+  t.attention_steps[KV_F32] = AttnEntries<Steps<false, Reuse>, Steps<false, Once>>::steps();
+  t.attention_steps[KV_F16] = AttnEntries<Steps<true, Reuse>, Steps<true, Once>>::steps();
 }
 
 }  // namespace
@@ -339,8 +341,8 @@ void fill_ops_avx2(KernelSet& t, const KernelTuning& tuning) {
   t.add_f32 = add_f32_avx2;
   t.softmax_f32 = softmax_f32_avx2;
   t.f32_to_f16 = f32_to_f16_avx2;
-  if (tuning.stream_fetch_ahead) fill_attention<true>(t);
-  else fill_attention<false>(t);
+  if (tuning.stream_fetch_ahead) fill_attention<kFetchL1, kFetchL2>(t);
+  else fill_attention<kFetchNone, kFetchNone>(t);
 }
 
 }  // namespace pyinfer

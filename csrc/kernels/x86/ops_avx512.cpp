@@ -207,7 +207,7 @@ inline __m512 kv16(const void* p, int64_t idx, __mmask16 k) {
 // multiply-add chain over d = 0..head_dim-1 in order, so its bits do not depend on RG or NB.
 // KV_Q8_0: ks holds the scales of the blocks' first position, chunk c's at c * ks_stride; each
 // key vector is its int8 elements times their scales before the multiply-adds.
-template <int RG, int NB, int KT, bool AHEAD>
+template <int RG, int NB, int KT, int FETCH>
 inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls,
                          const float* ks, int64_t ks_stride) {
   __m512 acc[RG][NB];
@@ -221,7 +221,7 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
     __m512 kv[NB];
     UNROLL for (int n = 0; n < NB; ++n) {
       const __m512 e = kv16<KT>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
-      attn_fetch_ahead<AHEAD>(k, (n * head_dim + d) * kKeyBlock * kv_elem_bytes(KT));
+      attn_fetch_ahead<FETCH>(k, (n * head_dim + d) * kKeyBlock * kv_elem_bytes(KT));
       kv[n] = pinned(KT == KV_Q8_0 ? _mm512_mul_ps(e, sv[n]) : e);
     }
     UNROLL for (int r = 0; r < RG; ++r) {
@@ -240,7 +240,7 @@ inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void*
 // multiply-add leaves the others' sums exactly as if j were skipped. Each V vector load feeds
 // RG multiply-adds; each sum is one chain over j in order. KV_Q8_0: vs holds the values'
 // scales ([n_pos][head_dim / 32]), each value vector its int8 elements times theirs.
-template <int RG, int C, int KT, bool AHEAD, bool SOME>
+template <int RG, int C, int KT, int FETCH, bool SOME>
 inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base,
                         const void* v, const float* vs, int64_t j0, int64_t j1, int64_t head_dim, int64_t i0,
                         const __mmask16 (&m)[C]) {
@@ -249,7 +249,7 @@ inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
     __m512 vv[C];
     UNROLL for (int c = 0; c < C; ++c) {
       const __m512 e = kv16<KT>(v, at + 16 * c, m[c]);
-      attn_fetch_ahead<AHEAD>(v, (at + 16 * c) * kv_elem_bytes(KT));
+      attn_fetch_ahead<FETCH>(v, (at + 16 * c) * kv_elem_bytes(KT));
       vv[c] = pinned(KT == KV_Q8_0 ? _mm512_mul_ps(e, _mm512_set1_ps(vs[(at + 16 * c) / kKvQ8Chunk])) : e);
     }
     UNROLL for (int r = 0; r < RG; ++r) {
@@ -267,7 +267,7 @@ inline void weigh_range(__m512 (&acc)[RG][C], const AttnQueries<RG>& g, const fl
 // out[r][i0 .. i0 + 16 C) = inv[r] * sum over j in first[r]..last[r] of p[r * ls + j - base] v[j].
 // The positions all RG queries see go through the plain loop; rows of a tile that end (or,
 // with a window, start) at different positions leave a few at either end for the masked one.
-template <int RG, int C, int KT, bool AHEAD>
+template <int RG, int C, int KT, int FETCH>
 inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, int64_t base, const void* v,
                          const float* vs, int64_t head_dim, int64_t i0, const float* inv) {
   __mmask16 m[C];
@@ -276,9 +276,9 @@ inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, i
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const AttnReach a = attn_reach(g);
-  weigh_range<RG, C, KT, AHEAD, true>(acc, g, p, ls, base, v, vs, a.lo, a.all_lo - 1, head_dim, i0, m);
-  weigh_range<RG, C, KT, AHEAD, false>(acc, g, p, ls, base, v, vs, a.all_lo, a.all_hi, head_dim, i0, m);
-  weigh_range<RG, C, KT, AHEAD, true>(acc, g, p, ls, base, v, vs, a.all_hi + 1, a.hi, head_dim, i0, m);
+  weigh_range<RG, C, KT, FETCH, true>(acc, g, p, ls, base, v, vs, a.lo, a.all_lo - 1, head_dim, i0, m);
+  weigh_range<RG, C, KT, FETCH, false>(acc, g, p, ls, base, v, vs, a.all_lo, a.all_hi, head_dim, i0, m);
+  weigh_range<RG, C, KT, FETCH, true>(acc, g, p, ls, base, v, vs, a.all_hi + 1, a.hi, head_dim, i0, m);
   UNROLL for (int r = 0; r < RG; ++r) {
     const __m512 iv = _mm512_set1_ps(inv[r]);
     UNROLL for (int c = 0; c < C; ++c)
@@ -290,7 +290,7 @@ inline void weigh_values(const AttnQueries<RG>& g, const float* p, int64_t ls, i
 // (see AttnTile); s: their rows of ls scores, from the first position of the span's block b0
 // (the three steps AttnEntries, in attn_groups.h, takes). Scores against key blocks [bs, be)
 // of the span b0..b1.
-template <int KT, bool AHEAD>
+template <int KT, int FETCH>
 struct Steps {
   template <int RG>
   static void scores(const AttnTile& t, int64_t i0, int64_t b0, int64_t b1, int64_t bs, int64_t be, float* s, int64_t ls) {
@@ -299,7 +299,7 @@ struct Steps {
     constexpr int NB = RG >= 3 ? 2 : 4;
     attn_key_blocks<NB>(t, b0, b1, bs, be, kv_elem_bytes(KT), [&](auto nb, const void* k, int64_t at) {
       const float* ks = KT == KV_Q8_0 ? t.k_scale + b0 * kKeyBlock + at : nullptr;
-      score_blocks<RG, decltype(nb)::value, KT, AHEAD>(g, t.head_dim, k, t.scale, s + at, ls, ks, t.k_scale_stride);
+      score_blocks<RG, decltype(nb)::value, KT, FETCH>(g, t.head_dim, k, t.scale, s + at, ls, ks, t.k_scale_stride);
     });
   }
 
@@ -314,22 +314,24 @@ struct Steps {
     const int64_t base = b0 * kKeyBlock, hd = t.head_dim;
     for (int64_t i = c0; i < c1; i += 64) {
       const int64_t rest = c1 - i;
-      if (rest > 48) weigh_values<RG, 4, KT, AHEAD>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
-      else if (rest > 32) weigh_values<RG, 3, KT, AHEAD>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
-      else if (rest > 16) weigh_values<RG, 2, KT, AHEAD>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
-      else weigh_values<RG, 1, KT, AHEAD>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+      if (rest > 48) weigh_values<RG, 4, KT, FETCH>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+      else if (rest > 32) weigh_values<RG, 3, KT, FETCH>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+      else if (rest > 16) weigh_values<RG, 2, KT, FETCH>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
+      else weigh_values<RG, 1, KT, FETCH>(g, s, ls, base, t.v, t.v_scale, hd, i, inv);
     }
   }
 };
 
-template <bool AHEAD>
+// Reuse, Once: how the entries request keys and values ahead for a tile that reads them again
+// or once (AttnTile::reads_once).
+template <int Reuse, int Once>
 void fill_attention(KernelSet& t) {
-  t.attention[KV_F32] = AttnEntries<Steps<KV_F32, AHEAD>>::whole;
-  t.attention[KV_F16] = AttnEntries<Steps<KV_F16, AHEAD>>::whole;
-  t.attention[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, AHEAD>>::whole;
-  t.attention_steps[KV_F32] = AttnEntries<Steps<KV_F32, AHEAD>>::steps();
-  t.attention_steps[KV_F16] = AttnEntries<Steps<KV_F16, AHEAD>>::steps();
-  t.attention_steps[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, AHEAD>>::steps();
+  t.attention[KV_F32] = AttnEntries<Steps<KV_F32, Reuse>, Steps<KV_F32, Once>>::whole;
+  t.attention[KV_F16] = AttnEntries<Steps<KV_F16, Reuse>, Steps<KV_F16, Once>>::whole;
+  t.attention[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, Reuse>, Steps<KV_Q8_0, Once>>::whole;
+  t.attention_steps[KV_F32] = AttnEntries<Steps<KV_F32, Reuse>, Steps<KV_F32, Once>>::steps();
+  t.attention_steps[KV_F16] = AttnEntries<Steps<KV_F16, Reuse>, Steps<KV_F16, Once>>::steps();
+  t.attention_steps[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, Reuse>, Steps<KV_Q8_0, Once>>::steps();
 }
 
 }  // namespace
@@ -342,8 +344,8 @@ void fill_ops_avx512(KernelSet& t, const KernelTuning& tuning) {
   t.add_f32 = add_f32_avx512;
   t.softmax_f32 = softmax_f32_avx512;
   t.f32_to_f16 = f32_to_f16_avx512;
-  if (tuning.stream_fetch_ahead) fill_attention<true>(t);
-  else fill_attention<false>(t);
+  if (tuning.stream_fetch_ahead) fill_attention<kFetchL1, kFetchL2>(t);
+  else fill_attention<kFetchNone, kFetchNone>(t);
 }
 
 }  // namespace pyinfer
