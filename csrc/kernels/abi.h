@@ -40,6 +40,8 @@ using F32ToF16Fn = void (*)(const float* src, fp16_t* dst, int64_t n);
 // KVCache), so the score of one query against a block is head_dim broadcast-multiply-adds of
 // whole vectors, with no horizontal sums.
 constexpr int64_t kKeyBlock = 16;
+// The most queries of a tile that share each key and value load (one register group).
+constexpr int64_t kAttnGroupQueries = 4;
 // One tile of causal attention: n_rows consecutive query positions last, last + 1, ..., each
 // with n_heads query heads that share one KV head. Row r sees cached positions first(r)..last + r,
 // first(r) = max(0, last + r + 1 - window) when window > 0, else 0; each of its heads gets
@@ -69,9 +71,10 @@ struct AttnTile {
   int64_t head_dim;
   float scale;
   float* scores;  // scratch: n_rows * n_heads * attn_span(first(0), last + n_rows - 1) floats
-  // Whether this call reads each cached key and value once (a decode step's one query row),
-  // rather than again for later rows (prefill): where the kernels request them ahead, a line
-  // read once is requested into L2, one that later rows read again into L1.
+  // Whether this call reads each cached key and value once (one query row whose heads fit one
+  // register group: at most kAttnGroupQueries), rather than again for later rows or register
+  // groups (prefill): where the kernels request them ahead, a line read once is requested into
+  // L2, one read again into L1.
   bool reads_once;
 };
 // Each query's result depends on that query's inputs only, never on which rows and heads
@@ -151,8 +154,10 @@ struct KernelTuning {
   bool stream_fetch_ahead = true;
 };
 // How far ahead of what a kernel reads it requests a stream's lines, where it does (exact
-// kernels and attention): bytes. The requests go to L2 (x86's T1): into L1 they held the fill
-// buffers the loads themselves wait on (docs/tuning.md, "requests ahead into L2").
+// kernels and attention): bytes. The exact kernels and attention over lines it reads once
+// request into L2 (x86's T1): into L1 they held the fill buffers the loads themselves wait on.
+// Attention over lines it reads again (AttnTile::reads_once) requests into L1 (docs/tuning.md,
+// "requests ahead into L2").
 constexpr int64_t kStreamFetchAhead = 8192;
 
 // Each ISA's files fill their slots of a set; each function is defined in that ISA's files.

@@ -52,7 +52,8 @@ static inline void attn_groups(const AttnTile& t, const Group& group) {
   const int64_t b0 = attn_first(t, 0) / kKeyBlock, b1 = (t.last + t.n_rows - 1) / kKeyBlock;
   const int64_t ls = (b1 - b0 + 1) * kKeyBlock, n_q = t.n_rows * t.n_heads;
   for (int64_t i = 0; i < n_q;) {
-    const int64_t left = n_q - i, n_groups = (left + 3) / 4, rg = (left + n_groups - 1) / n_groups;
+    const int64_t left = n_q - i, n_groups = (left + kAttnGroupQueries - 1) / kAttnGroupQueries;
+    const int64_t rg = (left + n_groups - 1) / n_groups;
     float* s = t.scores + i * ls;
     switch (rg) {
       case 1: group(Count<1>(), i, b0, b1, s, ls); break;
@@ -82,14 +83,15 @@ static inline void attn_key_blocks(const AttnTile& t, int64_t b0, int64_t b1, in
 
 // Where the attention kernels request the cached keys and values ahead: not at all (the
 // tuning leaves the streams to the hardware prefetcher), into L1, or into L2.
-enum AttnFetch : int { kFetchNone, kFetchL1, kFetchL2 };
+enum AttnFetch : int { FETCH_NONE, FETCH_L1, FETCH_L2 };
 
 // A read of the cached keys or values at byte `byte` of p that starts a line requests the line
 // kStreamFetchAhead bytes on, as FETCH says (KernelTuning::stream_fetch_ahead, AttnTile::reads_once).
 template <int FETCH>
 static inline void attn_fetch_ahead(const void* p, int64_t byte) {
-  if (FETCH != kFetchNone && byte % 64 == 0)
-    __builtin_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, 0, FETCH == kFetchL2 ? 2 : 3);
+  if constexpr (FETCH != FETCH_NONE)
+    if (byte % 64 == 0)
+      __builtin_prefetch(static_cast<const char*>(p) + byte + kStreamFetchAhead, 0, FETCH == FETCH_L2 ? 2 : 3);
 }
 
 // Softmax over each query's own positions: its scores (row r of s, position j at
@@ -129,7 +131,8 @@ static inline AttnReach attn_reach(const AttnQueries<RG>& g) {
 //   Steps::weigh<RG>(t, i0, b0, s, ls, inv, c0, c1)   output elements [c0, c1).
 // whole runs the three for each register group in turn; the others run one for all groups.
 // Reuse and Once: the same steps, requesting keys and values ahead as a tile that reads them
-// again or once wants (AttnTile::reads_once); the softmax is theirs alike.
+// again or once wants (AttnTile::reads_once). The softmax requests nothing ahead: Reuse's
+// serves both.
 template <class Reuse, class Once>
 struct AttnEntries {
   static void whole(const AttnTile& t) {

@@ -35,7 +35,9 @@ AttnTile tile_for(const AttentionArgs& a, int64_t row0, int64_t n_rows, int64_t 
   t.head_dim = hd;
   t.k_scale_stride = c.k_scale_stride();
   t.scale = a.scale;
-  t.reads_once = a.n_q == 1;  // a decode step: each key and value read once per call
+  // One query row in the call (a decode step), its heads one register group: each key and value
+  // is read once. Prefill's later rows, or a second group, read them again.
+  t.reads_once = a.n_q == 1 && n_heads <= kAttnGroupQueries;
   t.q = a.q + row0 * a.q_stride + h * hd;
   t.out = a.out + row0 * a.out_stride + h * hd;
   const int64_t last = t.last + n_rows - 1;

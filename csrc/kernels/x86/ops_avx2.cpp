@@ -321,14 +321,14 @@ struct Steps {
   }
 };
 
-// Reuse, Once: how the entries request keys and values ahead for a tile that reads them again
+// REUSE, ONCE: how the entries request keys and values ahead for a tile that reads them again
 // or once (AttnTile::reads_once).
-template <int Reuse, int Once>
+template <int REUSE, int ONCE>
 void fill_attention(KernelSet& t) {
-  t.attention[KV_F32] = AttnEntries<Steps<false, Reuse>, Steps<false, Once>>::whole;
-  t.attention[KV_F16] = AttnEntries<Steps<true, Reuse>, Steps<true, Once>>::whole;
-  t.attention_steps[KV_F32] = AttnEntries<Steps<false, Reuse>, Steps<false, Once>>::steps();
-  t.attention_steps[KV_F16] = AttnEntries<Steps<true, Reuse>, Steps<true, Once>>::steps();
+  t.attention[KV_F32] = AttnEntries<Steps<false, REUSE>, Steps<false, ONCE>>::whole;
+  t.attention[KV_F16] = AttnEntries<Steps<true, REUSE>, Steps<true, ONCE>>::whole;
+  t.attention_steps[KV_F32] = AttnEntries<Steps<false, REUSE>, Steps<false, ONCE>>::steps();
+  t.attention_steps[KV_F16] = AttnEntries<Steps<true, REUSE>, Steps<true, ONCE>>::steps();
 }
 
 }  // namespace
@@ -341,8 +341,8 @@ void fill_ops_avx2(KernelSet& t, const KernelTuning& tuning) {
   t.add_f32 = add_f32_avx2;
   t.softmax_f32 = softmax_f32_avx2;
   t.f32_to_f16 = f32_to_f16_avx2;
-  if (tuning.stream_fetch_ahead) fill_attention<kFetchL1, kFetchL2>(t);
-  else fill_attention<kFetchNone, kFetchNone>(t);
+  if (tuning.stream_fetch_ahead) fill_attention<FETCH_L1, FETCH_L2>(t);
+  else fill_attention<FETCH_NONE, FETCH_NONE>(t);
 }
 
 }  // namespace pyinfer

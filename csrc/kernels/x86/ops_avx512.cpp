@@ -322,16 +322,16 @@ struct Steps {
   }
 };
 
-// Reuse, Once: how the entries request keys and values ahead for a tile that reads them again
+// REUSE, ONCE: how the entries request keys and values ahead for a tile that reads them again
 // or once (AttnTile::reads_once).
-template <int Reuse, int Once>
+template <int REUSE, int ONCE>
 void fill_attention(KernelSet& t) {
-  t.attention[KV_F32] = AttnEntries<Steps<KV_F32, Reuse>, Steps<KV_F32, Once>>::whole;
-  t.attention[KV_F16] = AttnEntries<Steps<KV_F16, Reuse>, Steps<KV_F16, Once>>::whole;
-  t.attention[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, Reuse>, Steps<KV_Q8_0, Once>>::whole;
-  t.attention_steps[KV_F32] = AttnEntries<Steps<KV_F32, Reuse>, Steps<KV_F32, Once>>::steps();
-  t.attention_steps[KV_F16] = AttnEntries<Steps<KV_F16, Reuse>, Steps<KV_F16, Once>>::steps();
-  t.attention_steps[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, Reuse>, Steps<KV_Q8_0, Once>>::steps();
+  t.attention[KV_F32] = AttnEntries<Steps<KV_F32, REUSE>, Steps<KV_F32, ONCE>>::whole;
+  t.attention[KV_F16] = AttnEntries<Steps<KV_F16, REUSE>, Steps<KV_F16, ONCE>>::whole;
+  t.attention[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, REUSE>, Steps<KV_Q8_0, ONCE>>::whole;
+  t.attention_steps[KV_F32] = AttnEntries<Steps<KV_F32, REUSE>, Steps<KV_F32, ONCE>>::steps();
+  t.attention_steps[KV_F16] = AttnEntries<Steps<KV_F16, REUSE>, Steps<KV_F16, ONCE>>::steps();
+  t.attention_steps[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, REUSE>, Steps<KV_Q8_0, ONCE>>::steps();
 }
 
 }  // namespace
@@ -344,8 +344,8 @@ void fill_ops_avx512(KernelSet& t, const KernelTuning& tuning) {
   t.add_f32 = add_f32_avx512;
   t.softmax_f32 = softmax_f32_avx512;
   t.f32_to_f16 = f32_to_f16_avx512;
-  if (tuning.stream_fetch_ahead) fill_attention<kFetchL1, kFetchL2>(t);
-  else fill_attention<kFetchNone, kFetchNone>(t);
+  if (tuning.stream_fetch_ahead) fill_attention<FETCH_L1, FETCH_L2>(t);
+  else fill_attention<FETCH_NONE, FETCH_NONE>(t);
 }
 
 }  // namespace pyinfer
