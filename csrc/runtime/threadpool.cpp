@@ -24,6 +24,19 @@ inline void cpu_relax() {
 #endif
 }
 
+}  // namespace
+
+void pool_wait_for(const std::atomic<int64_t>& v, int64_t target) {
+  for (int i = 0; v.load(std::memory_order_acquire) < target; ++i) {
+    if (i < 256)
+      cpu_relax();
+    else
+      std::this_thread::yield();
+  }
+}
+
+namespace {
+
 class Pool {
  public:
   void run(int n_threads, PoolJobFn fn, void* ctx) {

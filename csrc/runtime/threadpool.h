@@ -33,6 +33,10 @@ int pool_size();
 // Starts or stops workers so that the pool holds n_threads - 1 of them (n_threads >= 1).
 void pool_resize(int n_threads);
 
+// Inside a job: returns once v holds at least `target` (another thread of the job counts it
+// up), spinning briefly, then yielding the core between looks.
+void pool_wait_for(const std::atomic<int64_t>& v, int64_t target);
+
 // Calls body(begin, end, tid) over [0, n) cut into chunks of `chunk` items (the last may be
 // shorter), handed out to n_threads threads on demand. Chunk boundaries are multiples of
 // `chunk` whatever the thread count, so a kernel that computes each item independently of its
