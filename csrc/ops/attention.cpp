@@ -138,14 +138,15 @@ int64_t steps_first(const AttentionArgs& a) {
 // steps, spread over the pool in pieces: the scores by runs of key blocks, the softmax by KV
 // head, the weighted values by 128-byte runs of each value row. Every thread reads a share of
 // the keys and values instead of whole KV heads, so the threads stay even when there are
-// fewer KV heads than threads or they do not divide evenly; a thread that is held up (its core
-// busy elsewhere) leaves its pieces to the others. The pieces are handed out in one job, in an
-// order that lets a head's softmax and values start while the next head's scores are still
-// being taken (scores 0, scores 1, head 0's softmax and values, scores 2, head 1's, ...): three
-// KV heads' values over two threads would otherwise leave one thread idle for a third of that
-// step. A piece that needs another's result waits for it; it only ever waits on pieces handed
-// out before it, so some thread is always working. The steps compute what the one-call kernel
-// computes, query by query, so the bits are the same.
+// fewer KV heads than threads or they do not divide evenly. The pieces are handed out in one
+// job, in an order that lets a head's softmax and values start while the next head's scores
+// are still being taken (scores 0, scores 1, head 0's softmax and values, scores 2, head 1's,
+// ...): where each head's values make one piece, three heads over two threads would otherwise
+// leave one thread idle through one head's values. A piece that needs another's result waits
+// for it, and only on pieces handed out before it, so the earliest unfinished piece never
+// waits: the job ends even when the caller runs every piece alone. A thread held up inside a
+// score piece (its core busy elsewhere) holds the others at its head's softmax. The steps
+// compute what the one-call kernel computes, query by query, so the bits are the same.
 void attention_by_steps(const AttentionArgs& a, int n_threads, const AttnSteps& steps) {
   const KVCache& c = *a.cache;
   const int64_t hd = c.head_dim(), n_kv = c.n_head_kv(), group = a.n_head / n_kv;
@@ -169,43 +170,43 @@ void attention_by_steps(const AttentionArgs& a, int n_threads, const AttnSteps& 
   const int64_t piece = std::clamp<int64_t>(n_blocks * n_kv / (4 * n_threads), kStepBlocksMin, kStepBlocksMax);
   const int64_t n_pieces = (n_blocks + piece - 1) / piece;
   const int64_t run = 128 / static_cast<int64_t>(c.elem_size()), n_runs = (hd + run - 1) / run;
-  // The pieces in the order they are handed out: kind, KV head, index within the head.
-  enum Kind : uint8_t { SCORES, SOFTMAX, VALUES };
-  struct Piece {
-    Kind kind;
+  // The pieces in the order they are handed out: step, KV head, index within the head's step.
+  enum class Step : uint8_t { scores, softmax, values };
+  struct Item {
+    Step step;
     int64_t g, i;
   };
-  std::vector<Piece> order;
+  std::vector<Item> order;
   order.reserve(static_cast<size_t>(n_kv * (n_pieces + 1 + n_runs)));
-  const auto then_values = [&](int64_t g) {
-    order.push_back({SOFTMAX, g, 0});
-    for (int64_t r = 0; r < n_runs; ++r) order.push_back({VALUES, g, r});
+  const auto softmax_and_values = [&](int64_t g) {
+    order.push_back({Step::softmax, g, 0});
+    for (int64_t r = 0; r < n_runs; ++r) order.push_back({Step::values, g, r});
   };
   for (int64_t g = 0; g < n_kv; ++g) {
-    for (int64_t i = 0; i < n_pieces; ++i) order.push_back({SCORES, g, i});
-    if (g > 0) then_values(g - 1);
+    for (int64_t i = 0; i < n_pieces; ++i) order.push_back({Step::scores, g, i});
+    if (g > 0) softmax_and_values(g - 1);
   }
-  then_values(n_kv - 1);
+  softmax_and_values(n_kv - 1);
   // Per KV head: score pieces done, then 1 more once its softmax is.
-  const std::unique_ptr<std::atomic<int64_t>[]> done(new std::atomic<int64_t>[static_cast<size_t>(n_kv)]);
-  for (int64_t g = 0; g < n_kv; ++g) done[g].store(0, std::memory_order_relaxed);
+  std::vector<std::atomic<int64_t>> done(static_cast<size_t>(n_kv));
   parallel_for(n_threads, static_cast<int64_t>(order.size()), 1, [&](int64_t begin, int64_t end, int) {
     for (int64_t k = begin; k < end; ++k) {
-      const Piece p = order[static_cast<size_t>(k)];
-      const AttnTile& t = tiles[static_cast<size_t>(p.g)];
-      if (p.kind == SCORES) {
-        const int64_t bs = b0 + p.i * piece, be = std::min(bs + piece, b1 + 1);
+      const Item it = order[static_cast<size_t>(k)];
+      const AttnTile& t = tiles[static_cast<size_t>(it.g)];
+      std::atomic<int64_t>& head_done = done[static_cast<size_t>(it.g)];
+      if (it.step == Step::scores) {
+        const int64_t bs = b0 + it.i * piece, be = std::min(bs + piece, b1 + 1);
         steps.scores(t, bs, be);
-      } else if (p.kind == SOFTMAX) {
-        pool_wait_for(done[p.g], n_pieces);
-        steps.softmax(t, inv(p.g));
+      } else if (it.step == Step::softmax) {
+        pool_wait_for(head_done, n_pieces);
+        steps.softmax(t, inv(it.g));
       } else {
-        pool_wait_for(done[p.g], n_pieces + 1);
-        const int64_t c0 = p.i * run;
-        steps.weigh(t, inv(p.g), c0, std::min(c0 + run, hd));
+        pool_wait_for(head_done, n_pieces + 1);
+        const int64_t c0 = it.i * run;
+        steps.weigh(t, inv(it.g), c0, std::min(c0 + run, hd));
         continue;
       }
-      done[p.g].fetch_add(1, std::memory_order_release);
+      head_done.fetch_add(1, std::memory_order_release);
     }
   });
 }

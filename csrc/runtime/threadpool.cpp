@@ -24,18 +24,19 @@ inline void cpu_relax() {
 #endif
 }
 
-}  // namespace
-
-void pool_wait_for(const std::atomic<int64_t>& v, int64_t target) {
-  for (int i = 0; v.load(std::memory_order_acquire) < target; ++i) {
-    if (i < 256)
+// Returns once ready() holds: a few hundred pauses, then the core yielded between looks (to
+// the thread being waited for, when another process has crowded it onto this core).
+template <class Ready>
+void spin_then_yield(const Ready& ready) {
+  for (int spins = 0; !ready();) {
+    if (spins < 256) {
       cpu_relax();
-    else
+      ++spins;
+    } else {
       std::this_thread::yield();
+    }
   }
 }
-
-namespace {
 
 class Pool {
  public:
@@ -75,14 +76,8 @@ class Pool {
     // for a latecomer, and waiting for it would cost up to a scheduler time slice per job,
     // hundreds of times per decode step, whenever another process holds its core.
     const uint64_t joined = join_.fetch_or(kClosed, std::memory_order_acq_rel) & kJoinedMask;
-    // Those that joined are running, most of them about to finish: spin briefly, then yield
-    // the core (to one of them, when another process has crowded them onto it).
-    for (int i = 0; done_.load(std::memory_order_acquire) != joined; ++i) {
-      if (i < 256)
-        cpu_relax();
-      else
-        std::this_thread::yield();
-    }
+    // Those that joined are running, most of them about to finish.
+    spin_then_yield([&] { return done_.load(std::memory_order_acquire) == joined; });
   }
 
   int size() {
@@ -221,5 +216,8 @@ Pool& global() {
 void pool_run(int n_threads, PoolJobFn fn, void* ctx) { global().run(n_threads, fn, ctx); }
 int pool_size() { return global().size(); }
 void pool_resize(int n_threads) { global().resize(n_threads); }
+void pool_wait_for(const std::atomic<int64_t>& v, int64_t target) {
+  spin_then_yield([&] { return v.load(std::memory_order_acquire) >= target; });
+}
 
 }  // namespace pyinfer

@@ -33,14 +33,17 @@ int pool_size();
 // Starts or stops workers so that the pool holds n_threads - 1 of them (n_threads >= 1).
 void pool_resize(int n_threads);
 
-// Inside a job: returns once v holds at least `target` (another thread of the job counts it
-// up), spinning briefly, then yielding the core between looks.
+// Inside a job: returns once v holds at least `target`, spinning briefly, then yielding the
+// core between looks. Only for a count raised by work handed out before the waiter's own (in
+// parallel_for's order): the caller may run the whole job alone, and would wait forever on
+// work that comes after its own.
 void pool_wait_for(const std::atomic<int64_t>& v, int64_t target);
 
 // Calls body(begin, end, tid) over [0, n) cut into chunks of `chunk` items (the last may be
-// shorter), handed out to n_threads threads on demand. Chunk boundaries are multiples of
-// `chunk` whatever the thread count, so a kernel that computes each item independently of its
-// neighbours in the chunk gives the same bits on any number of threads.
+// shorter), handed out to n_threads threads on demand, in increasing order; a thread finishes
+// its chunk before it takes another. Chunk boundaries are multiples of `chunk` whatever the
+// thread count, so a kernel that computes each item independently of its neighbours in the
+// chunk gives the same bits on any number of threads.
 template <class Body>
 void parallel_for(int n_threads, int64_t n, int64_t chunk, const Body& body) {
   if (n <= 0) return;
