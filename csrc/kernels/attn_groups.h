@@ -136,31 +136,22 @@ static inline AttnReach attn_reach(const AttnQueries<RG>& g) {
 template <class Reuse, class Once>
 struct AttnEntries {
   static void whole(const AttnTile& t) {
-    if (t.reads_once)
-      whole_with<Once>(t);
-    else
-      whole_with<Reuse>(t);
-  }
-  template <class S>
-  static void whole_with(const AttnTile& t) {
-    attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
-      constexpr int RG = decltype(rg)::value;
-      float inv[RG];
-      S::template scores<RG>(t, i, b0, b1, b0, b1 + 1, s, ls);
-      softmax_group<RG>(t, i, b0, s, ls, inv);
-      S::template weigh<RG>(t, i, b0, s, ls, inv, 0, t.head_dim);
+    with_steps(t, [&](auto steps) {
+      using S = decltype(steps);
+      attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
+        constexpr int RG = decltype(rg)::value;
+        float inv[RG];
+        S::template scores<RG>(t, i, b0, b1, b0, b1 + 1, s, ls);
+        softmax_group<RG>(t, i, b0, s, ls, inv);
+        S::template weigh<RG>(t, i, b0, s, ls, inv, 0, t.head_dim);
+      });
     });
   }
   static void scores(const AttnTile& t, int64_t bs, int64_t be) {
-    if (t.reads_once)
-      scores_with<Once>(t, bs, be);
-    else
-      scores_with<Reuse>(t, bs, be);
-  }
-  template <class S>
-  static void scores_with(const AttnTile& t, int64_t bs, int64_t be) {
-    attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
-      S::template scores<decltype(rg)::value>(t, i, b0, b1, bs, be, s, ls);
+    with_steps(t, [&](auto steps) {
+      attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t b1, float* s, int64_t ls) {
+        decltype(steps)::template scores<decltype(rg)::value>(t, i, b0, b1, bs, be, s, ls);
+      });
     });
   }
   static void softmax(const AttnTile& t, float* inv) {
@@ -174,18 +165,29 @@ struct AttnEntries {
     attn_softmax(attn_queries<RG>(t, i0), s, ls, b0 * kKeyBlock, inv, Reuse::exp_sum);
   }
   static void weigh(const AttnTile& t, const float* inv, int64_t c0, int64_t c1) {
-    if (t.reads_once)
-      weigh_with<Once>(t, inv, c0, c1);
-    else
-      weigh_with<Reuse>(t, inv, c0, c1);
-  }
-  template <class S>
-  static void weigh_with(const AttnTile& t, const float* inv, int64_t c0, int64_t c1) {
-    attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t, float* s, int64_t ls) {
-      S::template weigh<decltype(rg)::value>(t, i, b0, s, ls, inv + i, c0, c1);
+    with_steps(t, [&](auto steps) {
+      attn_groups(t, [&](auto rg, int64_t i, int64_t b0, int64_t, float* s, int64_t ls) {
+        decltype(steps)::template weigh<decltype(rg)::value>(t, i, b0, s, ls, inv + i, c0, c1);
+      });
     });
   }
   static AttnSteps steps() { return {scores, softmax, weigh}; }
+  // f(Once()) or f(Reuse()), as the tile reads its keys and values (the steps have no state: the
+  // argument carries only its type).
+  template <class F>
+  static void with_steps(const AttnTile& t, const F& f) {
+    if (t.reads_once)
+      f(Once());
+    else
+      f(Reuse());
+  }
 };
+
+// Slot kv (KvType) of t's attention entries, from the steps Reuse and Once (see AttnEntries).
+template <class Reuse, class Once>
+static inline void attn_fill(KernelSet& t, int kv) {
+  t.attention[kv] = AttnEntries<Reuse, Once>::whole;
+  t.attention_steps[kv] = AttnEntries<Reuse, Once>::steps();
+}
 
 }  // namespace pyinfer

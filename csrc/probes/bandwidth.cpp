@@ -73,12 +73,12 @@ class SpinBarrier {
 
 namespace {
 
-// Memory as the repacked weights get it (runtime/huge_pages.h): 2 MiB aligned and advised
-// to transparent huge pages. NumPy asks for huge pages on every large array (and the kernels read weights
-// through NumPy), and a stream over huge pages reads faster (fewer TLB misses), so a probe on
-// small pages was no ceiling for a GEMV on huge ones (docs/tuning.md, "arrays on huge
-// pages"). Where the kernel grants no huge pages, neither does it to NumPy, and both use
-// small pages.
+// Memory as the repacked weights get it (runtime/huge_pages.h): 2 MiB aligned and advised to
+// transparent huge pages. NumPy asks for huge pages on every large array (and the kernels read
+// weights through NumPy), and a stream over huge pages reads faster (fewer TLB misses), so a
+// probe on small pages was no ceiling for a GEMV on huge ones (docs/tuning.md, "arrays on huge
+// pages"). Where the kernel grants no huge pages, neither does it to NumPy, and both use small
+// pages.
 std::unique_ptr<uint8_t, FreeDeleter> alloc_like_weights(size_t n_bytes) {
   return std::unique_ptr<uint8_t, FreeDeleter>(huge_page_alloc(n_bytes, false, "the bandwidth probe's arrays"));
 }

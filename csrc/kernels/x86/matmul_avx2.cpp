@@ -99,8 +99,8 @@ PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
 // GEMV to a single sequential stream, which reads faster than tiles of several rows
 // (docs/tuning.md, "one weight row at a time"); with ahead, the stream's lines kStreamFetchAhead
 // bytes on (across the row's end: rows are rb apart, back to back) are requested into L2 as it
-// goes ("requests ahead on Intel", "requests ahead into L2"). In a GEMM each weight load serves the MT activation rows.
-// The AVX-512 table uses these kernels too (see fill_matmul_avx512).
+// goes ("requests ahead on Intel", "requests ahead into L2"). In a GEMM each weight load serves
+// the MT activation rows. The AVX-512 table uses these kernels too (see fill_matmul_avx512).
 PYINFER_INLINE void exact_tile(int type, int MT, bool ahead, const uint8_t* row, const float* x, int64_t K, float* y,
                                int64_t ldy) {
   __m256 acc[2][4];

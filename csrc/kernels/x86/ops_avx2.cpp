@@ -325,10 +325,8 @@ struct Steps {
 // or once (AttnTile::reads_once).
 template <int REUSE, int ONCE>
 void fill_attention(KernelSet& t) {
-  t.attention[KV_F32] = AttnEntries<Steps<false, REUSE>, Steps<false, ONCE>>::whole;
-  t.attention[KV_F16] = AttnEntries<Steps<true, REUSE>, Steps<true, ONCE>>::whole;
-  t.attention_steps[KV_F32] = AttnEntries<Steps<false, REUSE>, Steps<false, ONCE>>::steps();
-  t.attention_steps[KV_F16] = AttnEntries<Steps<true, REUSE>, Steps<true, ONCE>>::steps();
+  attn_fill<Steps<false, REUSE>, Steps<false, ONCE>>(t, KV_F32);
+  attn_fill<Steps<true, REUSE>, Steps<true, ONCE>>(t, KV_F16);
 }
 
 }  // namespace

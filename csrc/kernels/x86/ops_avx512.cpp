@@ -326,12 +326,9 @@ struct Steps {
 // or once (AttnTile::reads_once).
 template <int REUSE, int ONCE>
 void fill_attention(KernelSet& t) {
-  t.attention[KV_F32] = AttnEntries<Steps<KV_F32, REUSE>, Steps<KV_F32, ONCE>>::whole;
-  t.attention[KV_F16] = AttnEntries<Steps<KV_F16, REUSE>, Steps<KV_F16, ONCE>>::whole;
-  t.attention[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, REUSE>, Steps<KV_Q8_0, ONCE>>::whole;
-  t.attention_steps[KV_F32] = AttnEntries<Steps<KV_F32, REUSE>, Steps<KV_F32, ONCE>>::steps();
-  t.attention_steps[KV_F16] = AttnEntries<Steps<KV_F16, REUSE>, Steps<KV_F16, ONCE>>::steps();
-  t.attention_steps[KV_Q8_0] = AttnEntries<Steps<KV_Q8_0, REUSE>, Steps<KV_Q8_0, ONCE>>::steps();
+  attn_fill<Steps<KV_F32, REUSE>, Steps<KV_F32, ONCE>>(t, KV_F32);
+  attn_fill<Steps<KV_F16, REUSE>, Steps<KV_F16, ONCE>>(t, KV_F16);
+  attn_fill<Steps<KV_Q8_0, REUSE>, Steps<KV_Q8_0, ONCE>>(t, KV_Q8_0);
 }
 
 }  // namespace
