@@ -56,12 +56,15 @@ static constexpr PackLayout pack_layout(uint32_t type) {
 }
 
 // Each layout's fields lie inside the block and add up to it: the packed copy holds every
-// byte of the stored one, in the same room.
+// byte of the stored one, in the same room. Units are 2 or 4 bytes (the repack copies them at
+// those two sizes); only 4-byte units are transformed.
 static constexpr bool pack_layouts_cover_blocks() {
   for (uint32_t t = 0; t < GGML_TYPE_SLOTS; ++t) {
     const PackLayout l = pack_layout(t);
     int bytes = 0;
     for (int i = 0; i < l.n_fields; ++i) {
+      if (l.f[i].unit_bytes != 2 && l.f[i].unit_bytes != 4) return false;
+      if (l.f[i].unit_bytes == 2 && l.f[i].transform != PACK_COPY) return false;
       const int n = l.f[i].units * l.f[i].unit_bytes;
       if (l.f[i].offset + n > type_traits(t).block_bytes) return false;
       bytes += n;

@@ -127,19 +127,45 @@ void check_packable(uint32_t w_type, int64_t N, int64_t K) {
 
 // Row r's block blk (as stored; nullptr for a padding row) into its place in group-block gb
 // (packed16.h). A padding row gets zero scales and quants that stand for 0 (Q8_0's q + 128).
-void block_to_packed(uint32_t type, const uint8_t* blk, int r, uint8_t* gb) {
-  const PackLayout l = pack_layout(type);
-  for (int i = 0, go = 0; i < l.n_fields; ++i) {
+// The type is a template argument: its layout is then a constant, and each unit is one move
+// of 2 or 4 bytes, not a library call for a copy of run-time size (docs/tuning.md, "the
+// repack's copies of fixed size").
+template <uint32_t T>
+void block_to_packed(const uint8_t* blk, int r, uint8_t* gb) {
+  constexpr PackLayout l = pack_layout(T);
+  int go = 0;
+  for (int i = 0; i < l.n_fields; ++i) {
     const PackField& f = l.f[i];
     for (int u = 0; u < f.units; ++u) {
       uint8_t* d = gb + go + (u * kPackRows + r) * f.unit_bytes;
+      if (f.unit_bytes == 2) {
+        uint16_t h = 0;
+        if (blk != nullptr) std::memcpy(&h, blk + f.offset + u * 2, 2);
+        std::memcpy(d, &h, 2);
+        continue;
+      }
       uint32_t v = 0;
-      if (blk != nullptr) std::memcpy(&v, blk + f.offset + u * f.unit_bytes, static_cast<size_t>(f.unit_bytes));
+      if (blk != nullptr) std::memcpy(&v, blk + f.offset + u * 4, 4);
       if (f.transform == PACK_FLIP) v ^= 0x80808080u;
       if (f.transform == PACK_QH_T) v = qh_transpose(v);
-      std::memcpy(d, &v, static_cast<size_t>(f.unit_bytes));  // little-endian, as the file
+      std::memcpy(d, &v, 4);  // little-endian, as the file
     }
     go += kPackRows * f.units * f.unit_bytes;
+  }
+}
+
+template <uint32_t T>
+void repack_groups(const uint8_t* w, int64_t N, int64_t row_bytes, int64_t nb, uint8_t* out) {
+  constexpr int bb = packed_block_bytes(T);
+  const int64_t n_groups = (N + kPackRows - 1) / kPackRows;
+  for (int64_t g = 0; g < n_groups; ++g) {
+    uint8_t* group = out + g * kPackRows * row_bytes;
+    const int rows = N - g * kPackRows < kPackRows ? static_cast<int>(N - g * kPackRows) : kPackRows;
+    for (int r = 0; r < kPackRows; ++r) {
+      const uint8_t* row = r < rows ? w + (g * kPackRows + r) * row_bytes : nullptr;
+      for (int64_t ib = 0; ib < nb; ++ib)
+        block_to_packed<T>(row != nullptr ? row + ib * bb : nullptr, r, group + ib * kPackRows * bb);
+    }
   }
 }
 
@@ -148,17 +174,18 @@ void block_to_packed(uint32_t type, const uint8_t* blk, int r, uint8_t* gb) {
 void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed) {
   check_packable(w_type, N, K);
   const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / type_traits(w_type).block_elems;
-  const int bb = packed_block_bytes(w_type);
-  const int64_t n_groups = (N + kPackRows - 1) / kPackRows;
+  const auto* src = static_cast<const uint8_t*>(w);
   auto* out = static_cast<uint8_t*>(packed);
-  for (int64_t g = 0; g < n_groups; ++g) {
-    uint8_t* group = out + g * kPackRows * row_bytes;
-    const int rows = N - g * kPackRows < kPackRows ? static_cast<int>(N - g * kPackRows) : kPackRows;
-    for (int r = 0; r < kPackRows; ++r) {
-      const uint8_t* row = r < rows ? static_cast<const uint8_t*>(w) + (g * kPackRows + r) * row_bytes : nullptr;
-      for (int64_t ib = 0; ib < nb; ++ib)
-        block_to_packed(w_type, row != nullptr ? row + ib * bb : nullptr, r, group + ib * kPackRows * bb);
-    }
+  switch (w_type) {
+    case GGML_Q8_0: return repack_groups<GGML_Q8_0>(src, N, row_bytes, nb, out);
+    case GGML_Q4_0: return repack_groups<GGML_Q4_0>(src, N, row_bytes, nb, out);
+    case GGML_Q4_1: return repack_groups<GGML_Q4_1>(src, N, row_bytes, nb, out);
+    case GGML_Q5_0: return repack_groups<GGML_Q5_0>(src, N, row_bytes, nb, out);
+    case GGML_Q5_1: return repack_groups<GGML_Q5_1>(src, N, row_bytes, nb, out);
+    case GGML_Q4_K: return repack_groups<GGML_Q4_K>(src, N, row_bytes, nb, out);
+    case GGML_Q5_K: return repack_groups<GGML_Q5_K>(src, N, row_bytes, nb, out);
+    case GGML_Q6_K: return repack_groups<GGML_Q6_K>(src, N, row_bytes, nb, out);
+    default: throw std::logic_error("repack16: a packable type without a case");
   }
 }
 
