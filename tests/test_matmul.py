@@ -306,9 +306,11 @@ def test_repack_round_trip(tname, n):
     row_bytes = raw.size // n
     assert packed.size == -(-n // 16) * 16 * row_bytes
     np.testing.assert_array_equal(_C.unpack(packed, w_type, n, k), raw)
-    # Padding rows unpack to zero-scale blocks (Q8_0 quants 0).
+    # Padding rows are zero blocks: every byte unpacks to 0 (Q8_0's quants are held as q + 128
+    # in the packed copy), so their scales are zero and they multiply to 0.
     n_pad = -(-n // 16) * 16
     tail = _C.unpack(packed, w_type, n_pad, k)[n * row_bytes:]
+    assert tail.size == (n_pad - n) * row_bytes and not np.any(tail)
     assert np.all(R.matmul_exact(np.ones((1, k), np.float32), tail, w_type, n_pad - n, k) == 0)
 
 

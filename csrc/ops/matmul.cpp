@@ -126,7 +126,7 @@ void check_packable(uint32_t w_type, int64_t N, int64_t K) {
 }
 
 // Row r's block blk (as stored; nullptr for a padding row) into its place in group-block gb
-// (packed16.h). A padding row gets zero scales and quants that stand for 0 (Q8_0's q + 128).
+// (packed16.h). A padding row gets zero bytes (Q8_0's quants as q + 128), so zero scales.
 // The type is a template argument: its layout is then a constant, and each unit is one move
 // of 2 or 4 bytes, not a library call for a copy of run-time size (docs/tuning.md, "the
 // repack's copies of fixed size").
@@ -154,6 +154,16 @@ void block_to_packed(const uint8_t* blk, int r, uint8_t* gb) {
   }
 }
 
+// The types repack16 has a case for are those with a packed layout.
+constexpr bool repack_cases_cover_layouts() {
+  for (uint32_t t = 0; t < GGML_TYPE_SLOTS; ++t) {
+    const bool cased = t == GGML_Q8_0 || t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q5_0 || t == GGML_Q5_1 ||
+                       t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q6_K;
+    if (cased != packs16(t)) return false;
+  }
+  return true;
+}
+
 template <uint32_t T>
 void repack_groups(const uint8_t* w, int64_t N, int64_t row_bytes, int64_t nb, uint8_t* out) {
   constexpr int bb = packed_block_bytes(T);
@@ -176,6 +186,7 @@ void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed
   const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / type_traits(w_type).block_elems;
   const auto* src = static_cast<const uint8_t*>(w);
   auto* out = static_cast<uint8_t*>(packed);
+  static_assert(repack_cases_cover_layouts(), "a type with a packed layout has no case below");
   switch (w_type) {
     case GGML_Q8_0: return repack_groups<GGML_Q8_0>(src, N, row_bytes, nb, out);
     case GGML_Q4_0: return repack_groups<GGML_Q4_0>(src, N, row_bytes, nb, out);
