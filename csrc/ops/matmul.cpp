@@ -1,9 +1,11 @@
 // matmul.cpp: splits a matmul over the thread pool and feeds the active ISA's row kernels.
 #include "ops/matmul.h"
 
+#include <array>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cstring>
@@ -154,16 +156,6 @@ void block_to_packed(const uint8_t* blk, int r, uint8_t* gb) {
   }
 }
 
-// The types repack16 has a case for are those with a packed layout.
-constexpr bool repack_cases_cover_layouts() {
-  for (uint32_t t = 0; t < GGML_TYPE_SLOTS; ++t) {
-    const bool cased = t == GGML_Q8_0 || t == GGML_Q4_0 || t == GGML_Q4_1 || t == GGML_Q5_0 || t == GGML_Q5_1 ||
-                       t == GGML_Q4_K || t == GGML_Q5_K || t == GGML_Q6_K;
-    if (cased != packs16(t)) return false;
-  }
-  return true;
-}
-
 template <uint32_t T>
 void repack_groups(const uint8_t* w, int64_t N, int64_t row_bytes, int64_t nb, uint8_t* out) {
   constexpr int bb = packed_block_bytes(T);
@@ -179,25 +171,34 @@ void repack_groups(const uint8_t* w, int64_t N, int64_t row_bytes, int64_t nb, u
   }
 }
 
+using RepackFn = void (*)(const uint8_t* w, int64_t N, int64_t row_bytes, int64_t nb, uint8_t* out);
+
+// Type id T's repack, or nullptr where T has no packed layout (only the packable types are
+// instantiated).
+template <uint32_t T>
+constexpr RepackFn repack_fn() {
+  if constexpr (packs16(T))
+    return repack_groups<T>;
+  else
+    return nullptr;
+}
+
+template <uint32_t... T>
+constexpr std::array<RepackFn, sizeof...(T)> repack_table(std::integer_sequence<uint32_t, T...>) {
+  return {repack_fn<T>()...};
+}
+
+// Each type id's repack, made from the packed layouts themselves: a type given a layout in
+// packed16.h has its repack here with nothing else to list.
+constexpr std::array<RepackFn, GGML_TYPE_SLOTS> kRepack =
+    repack_table(std::make_integer_sequence<uint32_t, GGML_TYPE_SLOTS>());
+
 }  // namespace
 
 void repack16(const void* w, uint32_t w_type, int64_t N, int64_t K, void* packed) {
-  check_packable(w_type, N, K);
+  check_packable(w_type, N, K);  // a packable type: its slot of kRepack is set
   const int64_t row_bytes = matmul_row_bytes(w_type, K), nb = K / type_traits(w_type).block_elems;
-  const auto* src = static_cast<const uint8_t*>(w);
-  auto* out = static_cast<uint8_t*>(packed);
-  static_assert(repack_cases_cover_layouts(), "a type with a packed layout has no case below");
-  switch (w_type) {
-    case GGML_Q8_0: return repack_groups<GGML_Q8_0>(src, N, row_bytes, nb, out);
-    case GGML_Q4_0: return repack_groups<GGML_Q4_0>(src, N, row_bytes, nb, out);
-    case GGML_Q4_1: return repack_groups<GGML_Q4_1>(src, N, row_bytes, nb, out);
-    case GGML_Q5_0: return repack_groups<GGML_Q5_0>(src, N, row_bytes, nb, out);
-    case GGML_Q5_1: return repack_groups<GGML_Q5_1>(src, N, row_bytes, nb, out);
-    case GGML_Q4_K: return repack_groups<GGML_Q4_K>(src, N, row_bytes, nb, out);
-    case GGML_Q5_K: return repack_groups<GGML_Q5_K>(src, N, row_bytes, nb, out);
-    case GGML_Q6_K: return repack_groups<GGML_Q6_K>(src, N, row_bytes, nb, out);
-    default: throw std::logic_error("repack16: a packable type without a case");
-  }
+  kRepack[w_type](static_cast<const uint8_t*>(w), N, row_bytes, nb, static_cast<uint8_t*>(packed));
 }
 
 void unpack16(const void* packed, uint32_t w_type, int64_t N, int64_t K, void* w) {
