@@ -26,6 +26,29 @@ constexpr int64_t kRowGrain = 16;
 constexpr int64_t kRowsM = 64;
 // Rows of a quantized W dequantized at a time in exact mode (16 x K floats of scratch).
 constexpr int64_t kDequantRows = 16;
+// From this many activation rows on, exact mode multiplies a quantized W through rows
+// dequantized into scratch even where the ISA has an exact kernel for its type: that kernel
+// dequantizes in registers, again for each tile of activation rows. Both take the dequant
+// kernels' values, so the results are the same bits.
+constexpr int64_t kExactDequantMinM = 3;
+
+// y = x[M, K] @ W^T for n_rows rows of a quantized W (as stored), kDequantRows rows at a time
+// dequantized (the same kernels as pyinfer.dequantize, so exactly pyinfer.quants.dequantize's
+// values) and multiplied as float32 rows; each group of rows serves all M activation rows.
+void exact_dequantized(const KernelTable& kt, uint32_t w_type, const uint8_t* w, int64_t row_bytes, const float* x,
+                       int64_t M, int64_t K, int64_t n_rows, float* y, int64_t ldy) {
+  const DequantRowFn dq = kt.dequant_row[w_type];
+  const MatmulExactFn f32 = kt.matmul_exact[GGML_F32];
+  if (dq == nullptr || f32 == nullptr)
+    throw std::invalid_argument("matmul: no kernel for weight type id " + std::to_string(w_type));
+  thread_local std::vector<float> rows;  // [kDequantRows, K]
+  rows.resize(static_cast<size_t>(kDequantRows * K));
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kDequantRows) {
+    const int64_t nr = n_rows - r0 < kDequantRows ? n_rows - r0 : kDequantRows;
+    for (int64_t r = 0; r < nr; ++r) dq(w + (r0 + r) * row_bytes, rows.data() + r * K, K);
+    f32(rows.data(), K * static_cast<int64_t>(sizeof(float)), x, M, K, nr, y + r0, ldy);
+  }
+}
 
 // W's rows per chunk: one contiguous share per thread, since every new run of rows a thread
 // starts costs a ramp-up of the hardware prefetchers and a cold first group (measured:
@@ -92,20 +115,9 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
     return;
   }
 
-  // A quantized W in exact mode: dequantize kDequantRows rows (the same kernels as
-  // pyinfer.dequantize, so exactly pyinfer.quants.dequantize's values), then multiply them as
-  // float32 rows. Each group of rows serves all M activation rows before the next.
-  const DequantRowFn dq = kt.dequant_row[w_type];
-  const MatmulExactFn f32 = kt.matmul_exact[GGML_F32];
-  if (dq == nullptr || f32 == nullptr)
-    throw std::invalid_argument("matmul: no kernel for weight type id " + std::to_string(w_type));
+  // A quantized W in exact mode on an ISA without an exact kernel for its type.
   parallel_for(n_threads, N, row_chunk(N, n_threads, M, row_bytes), [&](int64_t n0, int64_t n1, int) {
-    std::vector<float> rows(static_cast<size_t>(kDequantRows * K));  // [kDequantRows, K]
-    for (int64_t r0 = n0; r0 < n1; r0 += kDequantRows) {
-      const int64_t nr = n1 - r0 < kDequantRows ? n1 - r0 : kDequantRows;
-      for (int64_t r = 0; r < nr; ++r) dq(wb + (r0 + r) * row_bytes, rows.data() + r * K, K);
-      f32(rows.data(), K * static_cast<int64_t>(sizeof(float)), x, M, K, nr, y + r0, N);
-    }
+    exact_dequantized(kt, w_type, wb + n0 * row_bytes, row_bytes, x, M, K, n1 - n0, y + n0, N);
   });
 }
 
@@ -274,6 +286,10 @@ void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts,
         const int64_t n0 = g0 * kPackRows, n1 = g1 * kPackRows < p.N ? g1 * kPackRows : p.N;
         if (n0 >= n1) continue;
         const auto* w = static_cast<const uint8_t*>(p.w) + g0 * gb;  // packed or not, group g0's first byte
+        if (plan[i].kind == MatmulKernel::exact && M >= kExactDequantMinM && type_traits(p.w_type).block_elems > 1) {
+          exact_dequantized(kt, p.w_type, w, row_bytes, x, M, K, n1 - n0, p.y + n0, p.ldy);  // each row once
+          continue;
+        }
         for (int64_t m0 = 0; m0 < M; m0 += kRowsM) {
           const int64_t mc = M - m0 < kRowsM ? M - m0 : kRowsM;
           float* y = p.y + m0 * p.ldy + n0;

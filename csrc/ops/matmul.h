@@ -45,8 +45,10 @@ struct MatmulPart {
   bool packed;
 };
 // The kernel a part multiplies with: packed weights' fast kernel (fast mode), a type's fast
-// kernel on weights as stored (fast mode), a float type's exact kernel (F32, F16, BF16: either
-// mode), or none (quantized weights in exact mode, dequantized a group of rows at a time).
+// kernel on weights as stored (fast mode), a type's exact kernel (F32, F16, BF16 in either
+// mode; on the SIMD ISAs some quantized types too, which matmul_parts uses for one or two
+// activation rows and otherwise dequantizes a group of rows at a time, the same values), or
+// none (quantized weights in exact mode without one: dequantized a group of rows at a time).
 enum class MatmulKernel { none, fast_packed, fast, exact };
 MatmulKernel matmul_part_kernel(uint32_t w_type, bool packed, Precision precision);
 // y_i = x @ W_i^T for each of 1 to kMaxMatmulParts parts, every part with a kernel of its own:

@@ -94,6 +94,70 @@ PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+// 8 bytes at p, zero-extended to int32 lanes.
+PYINFER_INLINE __m256i u8x8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Weights k..k+31 of a row (k a multiple of 32) as float32, 8 per vector: a float type's as
+// stored; a quantized type's (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K) dequantized in
+// registers with dequant_ref.cpp's operations per element, so they are the values its
+// dequant_row gives, bit for bit.
+PYINFER_INLINE void load_w32(int type, const uint8_t* row, int64_t k, __m256 (&wv)[4]) {
+  if (type == GGML_F32 || type == GGML_F16 || type == GGML_BF16) {
+    for (int i = 0; i < 4; ++i) wv[i] = load_w8(type, row, k + 8 * i);
+    return;
+  }
+  const TypeTraits& tt = type_traits(type);
+  const uint8_t* b = row + k / tt.block_elems * tt.block_bytes;  // the block holding the run
+  const __m256i m4 = _mm256_set1_epi32(0x0f);
+  if (tt.block_elems == QK8_0) {
+    // Q4_0, Q4_1, Q5_0, Q5_1: element e < 16 in the low nibble of qs[e], e >= 16 in the high
+    // nibble of qs[e - 16]; the 5-bit types' fifth bit of element e is bit e of qh.
+    const __m256 d = _mm256_set1_ps(f16_scale(b));
+    if (type == GGML_Q8_0) {
+      for (int i = 0; i < 4; ++i)
+        wv[i] = _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 2 + 8 * i)))),
+            d);
+      return;
+    }
+    const bool has_min = tt.has_min, five = tt.quant_bits == 5;
+    const __m256 m = _mm256_set1_ps(has_min ? f16_scale(b + 2) : 0.0f);
+    const uint8_t* qh = b + (has_min ? 4 : 2);
+    const uint8_t* qs = five ? qh + 4 : qh;
+    const __m256i bias = _mm256_set1_epi32(tt.q_bias);
+    for (int i = 0; i < 4; ++i) {
+      const __m256i w = u8x8(qs + 8 * (i & 1));
+      __m256i q = i < 2 ? _mm256_and_si256(w, m4) : _mm256_srli_epi32(w, 4);
+      if (five) {
+        const __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32(qh[i]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(1)), 4));
+      }
+      wv[i] = has_min ? _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), d), m)
+                      : _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(q, bias)), d);
+    }
+    return;
+  }
+  const int j = static_cast<int>(k % QK_K / 32);  // the run's 32-element sub-block
+  // Q4_K, Q5_K: sub-blocks in pairs sharing 32 bytes of qs, low nibbles then high; Q5_K's
+  // fifth bit of element l is bit j of qh[l]. value = (d * sc) * q - dmin * mn.
+  int sc, mn;
+  kquant_scale_min(b + 4, j, &sc, &mn);
+  const __m256 d1 = _mm256_set1_ps(f16_scale(b) * sc), m1 = _mm256_set1_ps(f16_scale(b + 2) * mn);
+  const bool five = type == GGML_Q5_K;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = (five ? qh + 32 : qh) + 32 * (j / 2);
+  for (int i = 0; i < 4; ++i) {
+    const __m256i w = u8x8(qs + 8 * i);
+    __m256i q = j % 2 == 0 ? _mm256_and_si256(w, m4) : _mm256_srli_epi32(w, 4);
+    if (five)
+      q = _mm256_or_si256(
+          q, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * i), j), _mm256_set1_epi32(1)), 4));
+    wv[i] = _mm256_sub_ps(_mm256_mul_ps(d1, _mm256_cvtepi32_ps(q)), m1);
+  }
+}
+
 // One row of W against MT activation rows; per element: four accumulators over each
 // 32-run of k, summed (a0 + a1) + (a2 + a3) at the end. One weight row at a time keeps a
 // GEMV to a single sequential stream, which reads faster than tiles of several rows
@@ -106,13 +170,13 @@ PYINFER_INLINE void exact_tile(int type, int MT, bool ahead, const uint8_t* row,
   __m256 acc[2][4];
   for (int c = 0; c < MT; ++c)
     for (int i = 0; i < 4; ++i) acc[c][i] = _mm256_setzero_ps();
-  const int64_t eb = type_traits(type).block_bytes;  // bytes per weight
+  const int64_t bb = type_traits(type).block_bytes, be = type_traits(type).block_elems;
   for (int64_t k = 0; k < K; k += 32) {
-    if (ahead)  // 32 weights: one or two lines
-      for (int64_t o = 0; o < 32 * eb; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(row) + k * eb + o + kStreamFetchAhead, _MM_HINT_T1);
+    if (ahead)  // each 64 bytes of the row once, from the run that starts on or before them
+      for (int64_t o = (k * bb / be + 63) / 64 * 64; o < (k + 32) * bb / be; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row) + o + kStreamFetchAhead, _MM_HINT_T1);
     __m256 wv[4];
-    for (int i = 0; i < 4; ++i) wv[i] = load_w8(type, row, k + 8 * i);
+    load_w32(type, row, k, wv);
     for (int c = 0; c < MT; ++c)
       for (int i = 0; i < 4; ++i) acc[c][i] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + c * K + k + 8 * i), acc[c][i]);
   }
@@ -621,16 +685,28 @@ void matmul_fast_packed_avx2(const void* w, int64_t rb, const block_q8a* xq, int
   packed_rows(T, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
+// Type T's exact kernel, requesting its stream ahead where the tuning says so.
+template <int T>
+void exact_kernel(KernelSet& t, const KernelTuning& tuning) {
+  t.matmul_exact[T] = tuning.stream_fetch_ahead ? matmul_exact_avx2<T, true> : matmul_exact_avx2<T, false>;
+}
+
 }  // namespace
 
 void fill_matmul_avx2(KernelSet& t, const KernelTuning& tuning) {
   t.quantize_act = quantize_act_avx2;
-  t.matmul_exact[GGML_F32] =
-      tuning.stream_fetch_ahead ? matmul_exact_avx2<GGML_F32, true> : matmul_exact_avx2<GGML_F32, false>;
-  t.matmul_exact[GGML_F16] =
-      tuning.stream_fetch_ahead ? matmul_exact_avx2<GGML_F16, true> : matmul_exact_avx2<GGML_F16, false>;
-  t.matmul_exact[GGML_BF16] =
-      tuning.stream_fetch_ahead ? matmul_exact_avx2<GGML_BF16, true> : matmul_exact_avx2<GGML_BF16, false>;
+  exact_kernel<GGML_F32>(t, tuning);
+  exact_kernel<GGML_F16>(t, tuning);
+  exact_kernel<GGML_BF16>(t, tuning);
+  // Quantized rows dequantized in registers, for the few activation rows ops/matmul.cpp gives
+  // an exact kernel (kExactDequantMinM): where that beat rows dequantized into scratch. Q4_K
+  // and Q5_0 ran as fast either way and Q6_K slower, so they stay with their dequant kernels
+  // (docs/tuning.md, "exact mode: quantized rows dequantized in registers").
+  exact_kernel<GGML_Q8_0>(t, tuning);
+  exact_kernel<GGML_Q4_0>(t, tuning);
+  exact_kernel<GGML_Q4_1>(t, tuning);
+  exact_kernel<GGML_Q5_1>(t, tuning);
+  exact_kernel<GGML_Q5_K>(t, tuning);
   t.matmul_fast[GGML_Q8_0] = matmul_fast_avx2<GGML_Q8_0>;
   t.matmul_fast[GGML_Q4_0] = matmul_fast_avx2<GGML_Q4_0>;
   t.matmul_fast[GGML_Q4_1] = matmul_fast_avx2<GGML_Q4_1>;
