@@ -311,6 +311,8 @@ def check_attention(c, layer, q, pos, n_head, window=0, n_threads=1):
     m = q.shape[0]
     k = c.keys(layer)[:, : pos + m]
     v = c.values(layer)[:, : pos + m]
+    if c.dtype == "q8_0":  # its scores take the query in int16 per 32 elements, then exact sums
+        q = R.query_q16(q)
     ref = R.attention(q, k, v, pos, n_head, float(scale), window)
     bound = attention_bound(q, k, v, pos, n_head, float(scale), window)
     assert out.shape == q.shape and out.dtype == np.float32
@@ -452,6 +454,35 @@ def test_python_threads_concurrently(isa: str) -> None:
         t.join()
     for a, b in zip(alone, got):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("n_head,n_head_kv,m,pos", [(4, 2, 1, 40), (4, 2, 5, 36), (1, 1, 1, 40)])
+def test_q8_0_scores_take_the_query_in_int16(isa: str, n_head: int, n_head_kv: int, m: int, pos: int) -> None:
+    """Scores against a q8_0 cache take the query in int16 per 32 elements (reference.query_q16).
+    Each chunk of these queries is one large element and 31 below half its int16 step: in int16
+    they are zeros, and the keys are large where they are and zero where the large one is, so
+    every score is 0 and the attention is the plain mean of the values. Float32 queries would
+    give scores that differ by a few tenths from position to position."""
+    rng = rng_for(12, n_head, m)
+    hd = 64
+    width = n_head_kv * hd
+    k = rows(rng, pos + m, width, 1e5)
+    k.reshape(pos + m, n_head_kv, hd // 32, 32)[..., 0] = 0.0
+    v = rows(rng, pos + m, width)
+    c = _C.KVCache(1, n_head_kv, hd, pos + m, "q8_0")
+    c.append(0, k, v, 0)
+    q = (rng.uniform(-0.45, 0.45, (m, n_head * hd)) / 32767).astype(np.float32)
+    q.reshape(m, n_head, hd // 32, 32)[..., 0] = 1.0
+    out = check_attention(c, 0, q, pos, n_head)
+    vals = c.values(0).astype(np.float64)
+    group = n_head // n_head_kv
+    for t in range(m):
+        for h in range(n_head):
+            mean = vals[h // group, : pos + t + 1].mean(axis=0)
+            np.testing.assert_allclose(out[t, h * hd:(h + 1) * hd], mean, rtol=0, atol=1e-5)
+    scale = 1.0 / np.sqrt(hd)
+    as_float = R.attention(q, c.keys(0)[:, : pos + m], c.values(0)[:, : pos + m], pos, n_head, scale)
+    assert np.max(np.abs(as_float - out)) > 1e-2  # the problem tells the two apart
 
 
 def test_out_and_scale(isa: str) -> None:

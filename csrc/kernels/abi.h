@@ -63,8 +63,11 @@ struct AttnTile {
   // KV_Q8_0 only: int8 elements, each 32 consecutive ones of a key or value (dimensions
   // 32c..32c+31) sharing one float scale. Element i of key p is k8 * k_scale[(i / 32) *
   // k_scale_stride + p] (the scales of a chunk c side by side over positions), element i of
-  // value j is v8 * v_scale[j * (head_dim / 32) + i / 32]; the kernels use exactly those
-  // products, the cache's dequantized elements.
+  // value j is v8 * v_scale[j * (head_dim / 32) + i / 32]. The values are used as exactly those
+  // products, the cache's dequantized elements. A score takes the query in int16 per chunk
+  // (attn_query_q16 in kernels/kv_query.h: qi, qd), sums each chunk exactly in integers, sum_c =
+  // sum of qi * k8 over the chunk, and adds the chunks in order, acc = fma(float(sum_c),
+  // qd_c * k_scale_c(p), acc) from 0; the score is acc * scale.
   const float* k_scale;
   int64_t k_scale_stride;
   const float* v_scale;

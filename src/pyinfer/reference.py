@@ -115,6 +115,21 @@ def embedding(table: np.ndarray, ids: Sequence[int]) -> np.ndarray:
     return np.asarray(table, dtype=np.float32)[np.asarray(ids, dtype=np.int64)]
 
 
+def query_q16(q: np.ndarray, chunk: int = 32) -> np.ndarray:
+    """A query as the scores against a q8_0 KV cache take it (kernels/kv_query.h): per `chunk`
+    elements, with a the largest |q_i|, int16 round((q_i / a) * 32767) times a / 32767, all in
+    float32 arithmetic; a chunk of zeros stays zero, one holding a NaN or an infinity becomes
+    NaN. Returns float64 values of q's shape (the last axis a multiple of chunk)."""
+    x = np.asarray(q, np.float32)
+    c = x.reshape(*x.shape[:-1], x.shape[-1] // chunk, chunk)
+    a = np.max(np.abs(c), axis=-1, keepdims=True)
+    finite = np.all(np.isfinite(c), axis=-1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        qi = np.where((a > 0) & finite, np.rint(c / a * np.float32(32767.0)), np.float32(0.0))
+    qd = np.where(finite, a / np.float32(32767.0), np.float32(np.nan))
+    return (qi.astype(np.float64) * qd.astype(np.float64)).reshape(x.shape)
+
+
 def attention(
     q: np.ndarray,
     k: np.ndarray,

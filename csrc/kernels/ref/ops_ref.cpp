@@ -9,6 +9,7 @@
 
 #include "kernels/abi.h"
 #include "kernels/half.h"
+#include "kernels/kv_query.h"
 
 namespace pyinfer {
 namespace {
@@ -83,19 +84,39 @@ void f32_to_f16_ref(const float* src, fp16_t* dst, int64_t n) {
 inline float kv_load(const float* p, int64_t i) { return p[i]; }
 inline float kv_load(const fp16_t* p, int64_t i) { return fp16_to_f32(p[i]); }
 
-// Element i of key p (kj: the key's first element, in its block) and element i of value j,
-// as float32: the stored element, or for Q8_0 (int8_t) the int8 times its scale.
+// Scores and values of one query as the cache's type T has them. Scores of a float or fp16
+// cache: sum_i q_i * k_i in order of i. Of a Q8_0 (int8_t) cache: the query in int16 per
+// 32-element chunk (attn_query_q16), each chunk's integer sum against the int8 key elements,
+// acc = fma(float(sum_c), qd_c * key scale_c, acc) over the chunks in order (kernels/abi.h,
+// AttnTile). Values: the stored element, or for Q8_0 the int8 times its scale.
 template <typename T>
 struct KvRead {
   const AttnTile& t;
-  float key(const T* kj, int64_t i, int64_t) const { return kv_load(kj, i * kKeyBlock); }
+  const float* q = nullptr;
+  void query(const float* qq) { q = qq; }
+  // Query . key; kj: the key's first element, in its block (element i at i * kKeyBlock).
+  float score(const T* kj, int64_t) const {
+    float d = 0.0f;
+    for (int64_t i = 0; i < t.head_dim; ++i) d += q[i] * kv_load(kj, i * kKeyBlock);
+    return d;
+  }
   float value(int64_t j, int64_t i) const { return kv_load(static_cast<const T*>(t.v) + j * t.head_dim, i); }
 };
 template <>
 struct KvRead<int8_t> {
   const AttnTile& t;
-  float key(const int8_t* kj, int64_t i, int64_t p) const {
-    return static_cast<float>(kj[i * kKeyBlock]) * t.k_scale[i / kKvQ8Chunk * t.k_scale_stride + p];
+  int16_t qi[kRopeMaxDim];
+  float qd[kRopeMaxDim / kKvQ8Chunk];
+  void query(const float* q) { attn_query_q16(q, t.head_dim, qi, qd); }
+  // p: the key's position (its scales' index).
+  float score(const int8_t* kj, int64_t p) const {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < t.head_dim / kKvQ8Chunk; ++c) {
+      int32_t sum = 0;
+      for (int64_t i = c * kKvQ8Chunk; i < (c + 1) * kKvQ8Chunk; ++i) sum += qi[i] * kj[i * kKeyBlock];
+      acc = std::fma(static_cast<float>(sum), qd[c] * t.k_scale[c * t.k_scale_stride + p], acc);
+    }
+    return acc;
   }
   float value(int64_t j, int64_t i) const {
     return static_cast<float>(static_cast<const int8_t*>(t.v)[j * t.head_dim + i]) *
@@ -108,7 +129,7 @@ struct KvRead<int8_t> {
 template <typename T>
 void attention_ref(const AttnTile& t) {
   const int64_t hd = t.head_dim, last_block = (t.last + t.n_rows - 1) / kKeyBlock;
-  const KvRead<T> rd{t};
+  KvRead<T> rd{t};
   float* scores = t.scores;
   for (int64_t row = 0; row < t.n_rows; ++row) {
     const int64_t first = attn_first(t, row), n_kv = t.last + row + 1 - first;
@@ -116,15 +137,14 @@ void attention_ref(const AttnTile& t) {
       const float* q = t.q + row * t.q_stride + h * hd;
       float* out = t.out + row * t.out_stride + h * hd;
       float m = -INFINITY;
+      rd.query(q);
       for (int64_t j = 0; j < n_kv; ++j) {
         // Element i of key p sits at (i, p % kKeyBlock) of its block.
         const int64_t p = first + j, b = p / kKeyBlock;
         const T* kj =
             (b == last_block ? static_cast<const T*>(t.k_last) : static_cast<const T*>(t.k) + b * hd * kKeyBlock) +
             p % kKeyBlock;
-        float d = 0.0f;
-        for (int64_t i = 0; i < hd; ++i) d += q[i] * rd.key(kj, i, p);
-        scores[j] = d * t.scale;
+        scores[j] = rd.score(kj, p) * t.scale;
         m = scores[j] > m ? scores[j] : m;
       }
       for (int64_t i = 0; i < hd; ++i) out[i] = 0.0f;

@@ -6,11 +6,13 @@
 #include <immintrin.h>
 
 #include <math.h>
+#include <cstring>
 #include <limits>
 
 #include "kernels/abi.h"
 #include "kernels/attn_groups.h"
 #include "kernels/half.h"
+#include "kernels/kv_query.h"
 
 namespace pyinfer {
 namespace {
@@ -202,31 +204,85 @@ inline __m512 kv16(const void* p, int64_t idx, __mmask16 k) {
   return _mm512_maskz_loadu_ps(k, static_cast<const float*>(p) + idx);
 }
 
-// Scores of RG queries against NB consecutive key blocks from k: s[r * ls + i], i over the
-// NB * 16 positions. Each K vector load feeds RG multiply-adds, and each score is one
-// multiply-add chain over d = 0..head_dim-1 in order, so its bits do not depend on RG or NB.
-// KV_Q8_0: ks holds the scales of the blocks' first position, chunk c's at c * ks_stride; each
-// key vector is its int8 elements times their scales before the multiply-adds.
+// Scores of RG queries against NB consecutive key blocks from k (a float32 or float16 cache):
+// s[r * ls + i], i over the NB * 16 positions. Each K vector load feeds RG multiply-adds, and
+// each score is one multiply-add chain over d = 0..head_dim-1 in order, so its bits do not
+// depend on RG or NB.
 template <int RG, int NB, int KT, int FETCH>
-inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls,
-                         const float* ks, int64_t ks_stride) {
+inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls) {
   __m512 acc[RG][NB];
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_setzero_ps();
-  __m512 sv[NB];
-  UNROLL for (int n = 0; n < NB; ++n) sv[n] = _mm512_setzero_ps();
   for (int64_t d = 0; d < head_dim; ++d) {
-    if (KT == KV_Q8_0 && d % kKvQ8Chunk == 0)
-      UNROLL for (int n = 0; n < NB; ++n) sv[n] = _mm512_loadu_ps(ks + d / kKvQ8Chunk * ks_stride + n * kKeyBlock);
     __m512 kv[NB];
     UNROLL for (int n = 0; n < NB; ++n) {
-      const __m512 e = kv16<KT>(k, (n * head_dim + d) * kKeyBlock, 0xffff);
+      kv[n] = pinned(kv16<KT>(k, (n * head_dim + d) * kKeyBlock, 0xffff));
       attn_fetch_ahead<FETCH>(k, (n * head_dim + d) * kKeyBlock * kv_elem_bytes(KT));
-      kv[n] = pinned(KT == KV_Q8_0 ? _mm512_mul_ps(e, sv[n]) : e);
     }
     UNROLL for (int r = 0; r < RG; ++r) {
       const __m512 qd = _mm512_set1_ps(g.q[r][d]);
       UNROLL for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_fmadd_ps(qd, kv[n], acc[r][n]);
+    }
+  }
+  const __m512 sc = _mm512_set1_ps(scale);
+  UNROLL for (int r = 0; r < RG; ++r)
+    UNROLL for (int n = 0; n < NB; ++n)
+      _mm512_storeu_ps(s + r * ls + n * kKeyBlock, _mm512_mul_ps(acc[r][n], sc));
+}
+
+// The RG queries of a group as scores against a KV_Q8_0 cache take them (attn_query_q16): each
+// query's int16 elements (a pair of dimensions 2i, 2i + 1 read as one int32, the lower
+// dimension in its low half) and its chunk scales.
+template <int RG>
+struct Q8Queries {
+  alignas(64) int16_t qi[RG][kRopeMaxDim];
+  float qd[RG][kRopeMaxDim / kKvQ8Chunk];
+};
+inline int32_t q16_pair(const int16_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// Scores of RG queries against NB consecutive key blocks from k of a KV_Q8_0 cache (the spec:
+// kernels/abi.h, AttnTile): s[r * ls + i], i over the NB * 16 positions. Per 32-dimension chunk,
+// integer sums: a block's rows of dimensions d and d + 1 (32 adjacent bytes) widened to int16
+// and interleaved by position, so that int32 lane p holds position p's pair, then one vpdpwssd
+// by the query's pair per query; then acc = fma(float(sum), qd * key scale, acc). ks: the
+// scales of the blocks' first position, chunk c's at c * ks_stride.
+template <int RG, int NB, int FETCH>
+inline void score_blocks_q8(const Q8Queries<RG>& qs, int64_t head_dim, const void* k, float scale, float* s,
+                            int64_t ls, const float* ks, int64_t ks_stride) {
+  // Word 2p <- word p (dimension d, position p), word 2p + 1 <- word 16 + p (dimension d + 1).
+  const __m512i by_position = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                               22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const auto* kb = static_cast<const int8_t*>(k);
+  __m512 acc[RG][NB];
+  UNROLL for (int r = 0; r < RG; ++r)
+    UNROLL for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < head_dim / kKvQ8Chunk; ++c) {
+    __m512i sum[RG][NB];
+    UNROLL for (int r = 0; r < RG; ++r)
+      UNROLL for (int n = 0; n < NB; ++n) sum[r][n] = _mm512_setzero_si512();
+    for (int64_t d = c * kKvQ8Chunk; d < (c + 1) * kKvQ8Chunk; d += 2) {
+      __m512i kv[NB];
+      UNROLL for (int n = 0; n < NB; ++n) {
+        const int64_t at = (n * head_dim + d) * kKeyBlock;
+        attn_fetch_ahead<FETCH>(kb, at);
+        kv[n] = _mm512_permutexvar_epi16(
+            by_position, _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(kb + at))));
+      }
+      UNROLL for (int r = 0; r < RG; ++r) {
+        const __m512i qp = _mm512_set1_epi32(q16_pair(qs.qi[r] + d));
+        UNROLL for (int n = 0; n < NB; ++n) sum[r][n] = _mm512_dpwssd_epi32(sum[r][n], kv[n], qp);
+      }
+    }
+    __m512 sv[NB];
+    UNROLL for (int n = 0; n < NB; ++n) sv[n] = _mm512_loadu_ps(ks + c * ks_stride + n * kKeyBlock);
+    UNROLL for (int r = 0; r < RG; ++r) {
+      const __m512 qd = _mm512_set1_ps(qs.qd[r][c]);
+      UNROLL for (int n = 0; n < NB; ++n)
+        acc[r][n] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[r][n]), _mm512_mul_ps(qd, sv[n]), acc[r][n]);
     }
   }
   const __m512 sc = _mm512_set1_ps(scale);
@@ -297,10 +353,18 @@ struct Steps {
     const AttnQueries<RG> g = attn_queries<RG>(t, i0);
     // Enough blocks per pass for at least four independent chains (the multiply-add latency).
     constexpr int NB = RG >= 3 ? 2 : 4;
-    attn_key_blocks<NB>(t, b0, b1, bs, be, kv_elem_bytes(KT), [&](auto nb, const void* k, int64_t at) {
-      const float* ks = KT == KV_Q8_0 ? t.k_scale + b0 * kKeyBlock + at : nullptr;
-      score_blocks<RG, decltype(nb)::value, KT, FETCH>(g, t.head_dim, k, t.scale, s + at, ls, ks, t.k_scale_stride);
-    });
+    if constexpr (KT == KV_Q8_0) {
+      Q8Queries<RG> qs;
+      for (int r = 0; r < RG; ++r) attn_query_q16(g.q[r], t.head_dim, qs.qi[r], qs.qd[r]);
+      attn_key_blocks<NB>(t, b0, b1, bs, be, kv_elem_bytes(KT), [&](auto nb, const void* k, int64_t at) {
+        score_blocks_q8<RG, decltype(nb)::value, FETCH>(qs, t.head_dim, k, t.scale, s + at, ls,
+                                                        t.k_scale + b0 * kKeyBlock + at, t.k_scale_stride);
+      });
+    } else {
+      attn_key_blocks<NB>(t, b0, b1, bs, be, kv_elem_bytes(KT), [&](auto nb, const void* k, int64_t at) {
+        score_blocks<RG, decltype(nb)::value, KT, FETCH>(g, t.head_dim, k, t.scale, s + at, ls);
+      });
+    }
   }
 
   // exp(x - max) in place; returns their sum.
