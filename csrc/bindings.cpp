@@ -727,8 +727,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("matmul_parts", &matmul_parts_py, py::arg("x"), py::arg("parts"), py::arg("k"), py::kw_only(),
         py::arg("precision") = "fast", py::arg("n_threads") = 1,
         "Matrices sharing x, in one job: y[M, sum of n] with each part's outputs side by side; parts "
-        "are (w, w_type, n, packed) tuples, each with a kernel of its own (packed in fast mode, or F32, "
-        "F16, BF16).");
+        "are (w, w_type, n, packed) tuples: packed weights in fast mode, or any type's rows as stored.");
   m.def("repack", &repack_py, py::arg("w"), py::arg("w_type"), py::arg("n"), py::arg("k"),
         "Weights of an int8 fast type, n rows -> the 16-row interleaved layout matmul(packed=True) "
         "takes (n padded to a multiple of 16).");

@@ -394,14 +394,18 @@ def test_packed_threads_bitwise_identical(isa, tname):
 @pytest.mark.parametrize("precision,mix", [
     ("fast", ("q4_k", "q6_k", "q8_0")), ("fast", ("q5_0", "q4_1")), ("fast", ("q6_k",)),
     ("fast", ("q8_0", "q4_0", "q5_1")), ("fast", ("f16", "q4_k", "bf16")), ("fast", ("f32", "f16")),
-    ("fast", ("q8_0 as stored", "q4_1", "q6_k")), ("exact", ("f16", "f16", "f32")), ("exact", ("bf16",))])
+    ("fast", ("q8_0 as stored", "q4_1", "q6_k")), ("exact", ("f16", "f16", "f32")), ("exact", ("bf16",)),
+    ("exact", ("q4_1 as stored", "q6_k as stored", "f16")), ("exact", ("q8_0 as stored", "q5_k as stored"))])
 def test_parts_in_one_job(isa, precision, mix):
     """Several matrices of any types sharing one input, in one job (a model's Q, K, V or gate
     and up): each part's outputs, side by side, are the bits of its own matmul, on any thread
     count and activation row count. The parts are split over the threads by bytes, so shares
     start and end inside parts: rows of 37 and 100 (partial groups); several 512 KiB shares per
     thread in a many-row call where the total allows (the float mixes, and an 8-bit one with
-    its first part "as stored": a fast kernel of its own, the 16-row layout not needed)."""
+    its first part "as stored": a fast kernel of its own, the 16-row layout not needed). In exact
+    mode quantized rows as stored are parts too, their rows dequantized in registers for one or
+    two activation rows where the ISA has a kernel for that, else a group at a time into
+    scratch."""
     k = 1024
     rng = np.random.default_rng(21)
     parts = []
@@ -413,7 +417,7 @@ def test_parts_in_one_job(isa, precision, mix):
         else:
             parts.append((quants.quantize(w, w_type) if w_type != F32 else w, w_type, n, False))
     x = (rng.standard_normal((150, k)) * rng.uniform(0.1, 10.0, (150, 1))).astype(np.float32)
-    for m in (1, 3, 64, 65, 150):
+    for m in (1, 2, 3, 64, 65, 150):
         want = np.concatenate([_C.matmul(x[:m], w, t, n, k, precision=precision, packed=pk) for w, t, n, pk in parts],
                               axis=1)
         for threads in (1, 2, 3, 5):

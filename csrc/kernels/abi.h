@@ -138,7 +138,8 @@ struct KernelSet {
   AttnSteps attention_steps[KV_TYPE_SLOTS];  // by KvType; null members where an ISA has none
   // Matmul (ops/matmul.cpp drives them). A quantized type without an exact kernel, or with
   // three or more activation rows, is dequantized a few rows at a time and multiplied by
-  // matmul_exact[GGML_F32]; a quantized type's exact kernel gives the same bits.
+  // matmul_exact[GGML_F32]; a quantized type's exact kernel gives the same values (a NaN's
+  // sign and payload aside).
   MatmulExactFn matmul_exact[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel
   MatmulFastFn matmul_fast[GGML_TYPE_SLOTS];
   // The same on weights in the 16-row interleaved layout (kernels/packed16.h): w points at

@@ -252,9 +252,9 @@ struct Projected {
   int64_t stride[3];
 };
 // y = xn @ W^T for each of parts (2 or 3 matrices of n_embd columns): where every part has a
-// kernel of its own (matmul_part_kernel: repacked in fast mode, or a float type), one job over
-// all of them, whatever their types (each row's parts side by side in buf); else one matmul
-// per part (one block of n_rows rows after another in buf).
+// kernel (matmul_part_kernel: all but packed weights in exact mode, which a model does not
+// use), one job over all of them, whatever their types (each row's parts side by side in
+// buf); else one matmul per part (one block of n_rows rows after another in buf).
 Projected project(const std::vector<const WeightRef*>& parts, const float* xn, int64_t n_rows, float* buf,
                   Precision precision, int n_threads);
 

@@ -29,19 +29,19 @@ constexpr int64_t kDequantRows = 16;
 // From this many activation rows on, exact mode multiplies a quantized W through rows
 // dequantized into scratch even where the ISA has an exact kernel for its type: that kernel
 // dequantizes in registers, again for each tile of activation rows. Both take the dequant
-// kernels' values, so the results are the same bits.
+// kernels' values, so the results are the same (NaN outputs in the same places; the multiply-
+// adds' operand order, the compiler's, may pick another NaN operand's sign and payload).
 constexpr int64_t kExactDequantMinM = 3;
 
 // y = x[M, K] @ W^T for n_rows rows of a quantized W (as stored), kDequantRows rows at a time
 // dequantized (the same kernels as pyinfer.dequantize, so exactly pyinfer.quants.dequantize's
 // values) and multiplied as float32 rows; each group of rows serves all M activation rows.
+// The type has a dequant kernel (matmul_part_kernel's promise for both kinds that come here).
 void exact_dequantized(const KernelTable& kt, uint32_t w_type, const uint8_t* w, int64_t row_bytes, const float* x,
                        int64_t M, int64_t K, int64_t n_rows, float* y, int64_t ldy) {
   const DequantRowFn dq = kt.dequant_row[w_type];
   const MatmulExactFn f32 = kt.matmul_exact[GGML_F32];
-  if (dq == nullptr || f32 == nullptr)
-    throw std::invalid_argument("matmul: no kernel for weight type id " + std::to_string(w_type));
-  thread_local std::vector<float> rows;  // [kDequantRows, K]
+  thread_local std::vector<float> rows;  // [kDequantRows, K], kept for the thread's next call
   rows.resize(static_cast<size_t>(kDequantRows * K));
   for (int64_t r0 = 0; r0 < n_rows; r0 += kDequantRows) {
     const int64_t nr = n_rows - r0 < kDequantRows ? n_rows - r0 : kDequantRows;
@@ -106,19 +106,8 @@ void matmul(const float* x, int64_t M, int64_t K, const void* w, uint32_t w_type
                                 "K a positive multiple of 32 and of the type's block size)");
   if (M < 0 || N < 0) throw std::invalid_argument("matmul: negative M or N");
   if (M == 0 || N == 0) return;
-  if (n_threads < 1) n_threads = 1;
-  const KernelTable& kt = kernels();
-  const auto* wb = static_cast<const uint8_t*>(w);
-  if (matmul_part_kernel(w_type, false, precision) != MatmulKernel::none) {
-    const MatmulPart part{w, w_type, N, y, N, false};
-    matmul_parts(x, M, K, &part, 1, precision, n_threads);
-    return;
-  }
-
-  // A quantized W in exact mode on an ISA without an exact kernel for its type.
-  parallel_for(n_threads, N, row_chunk(N, n_threads, M, row_bytes), [&](int64_t n0, int64_t n1, int) {
-    exact_dequantized(kt, w_type, wb + n0 * row_bytes, row_bytes, x, M, K, n1 - n0, y + n0, N);
-  });
+  const MatmulPart part{w, w_type, N, y, N, false};
+  matmul_parts(x, M, K, &part, 1, precision, n_threads);
 }
 
 int64_t packed_bytes(uint32_t w_type, int64_t N, int64_t K) {
@@ -231,7 +220,8 @@ MatmulKernel matmul_part_kernel(uint32_t w_type, bool packed, Precision precisio
   const bool fast = precision == Precision::fast;
   if (packed) return fast && kt.matmul_fast_packed[w_type] != nullptr ? MatmulKernel::fast_packed : MatmulKernel::none;
   if (fast && kt.matmul_fast[w_type] != nullptr) return MatmulKernel::fast;
-  return kt.matmul_exact[w_type] != nullptr ? MatmulKernel::exact : MatmulKernel::none;
+  if (kt.matmul_exact[w_type] != nullptr) return MatmulKernel::exact;
+  return kt.dequant_row[w_type] != nullptr ? MatmulKernel::dequantized : MatmulKernel::none;
 }
 
 void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts, int n_parts, Precision precision,
@@ -259,7 +249,7 @@ void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts,
                                   " kernel of its own for " + (p.packed ? "packed " : "") + "weight type id " +
                                   std::to_string(p.w_type) + type_label(p.w_type) + " with K=" + std::to_string(K));
     plan[i] = {total, row_bytes, kind};
-    quantized = quantized || kind != MatmulKernel::exact;
+    quantized = quantized || kind == MatmulKernel::fast || kind == MatmulKernel::fast_packed;
     total = checked_add(
         total, checked_mul(checked_round_up(p.N, kPackRows, "rows in 16-row groups"), row_bytes, "a part's bytes"),
         "the parts' bytes");
@@ -286,7 +276,8 @@ void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts,
         const int64_t n0 = g0 * kPackRows, n1 = g1 * kPackRows < p.N ? g1 * kPackRows : p.N;
         if (n0 >= n1) continue;
         const auto* w = static_cast<const uint8_t*>(p.w) + g0 * gb;  // packed or not, group g0's first byte
-        if (plan[i].kind == MatmulKernel::exact && M >= kExactDequantMinM && type_traits(p.w_type).block_elems > 1) {
+        if (plan[i].kind == MatmulKernel::dequantized ||
+            (plan[i].kind == MatmulKernel::exact && M >= kExactDequantMinM && type_traits(p.w_type).block_elems > 1)) {
           exact_dequantized(kt, p.w_type, w, row_bytes, x, M, K, n1 - n0, p.y + n0, p.ldy);  // each row once
           continue;
         }

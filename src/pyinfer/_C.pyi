@@ -69,8 +69,8 @@ def matmul_parts(
     n_threads: int = 1,
 ) -> npt.NDArray[np.float32]:
     """Matrices that share x, in one job: y[M, sum of n], each part's outputs side by side;
-    parts are (w, w_type, n, packed) tuples, each with a kernel of its own (packed by repack in
-    fast mode, or F32, F16, BF16 rows as stored)."""
+    parts are (w, w_type, n, packed) tuples: weights packed by repack (fast mode), or any
+    type's rows as stored."""
 
 def repack(w: npt.NDArray[Any], w_type: int, n: int, k: int) -> npt.NDArray[np.uint8]:
     """Q8_0/Q4_0/Q4_1 weights of n rows -> the 16-row interleaved layout matmul(packed=True)

@@ -84,7 +84,7 @@ void quantize_act_avx2(const float* x, block_q8a* dst, int64_t k) {
   }
 }
 
-// ---- exact mode: float weights -----------------------------------------------------------
+// ---- exact mode: float32 activations, float weights or quantized rows dequantized --------
 
 // 8 weights of a row from element k, as float32. type: GGML_F32, GGML_F16 or GGML_BF16.
 PYINFER_INLINE __m256 load_w8(int type, const uint8_t* row, int64_t k) {
@@ -112,8 +112,9 @@ PYINFER_INLINE void load_w32(int type, const uint8_t* row, int64_t k, __m256 (&w
   const uint8_t* b = row + k / tt.block_elems * tt.block_bytes;  // the block holding the run
   const __m256i m4 = _mm256_set1_epi32(0x0f);
   if (tt.block_elems == QK8_0) {
-    // Q4_0, Q4_1, Q5_0, Q5_1: element e < 16 in the low nibble of qs[e], e >= 16 in the high
-    // nibble of qs[e - 16]; the 5-bit types' fifth bit of element e is bit e of qh.
+    // Q8_0: element e is qs[e]. Q4_0, Q4_1, Q5_0, Q5_1: element e < 16 in the low nibble of
+    // qs[e], e >= 16 in the high nibble of qs[e - 16]; the 5-bit types' fifth bit of element e
+    // is bit e of qh.
     const __m256 d = _mm256_set1_ps(f16_scale(b));
     if (type == GGML_Q8_0) {
       for (int i = 0; i < 4; ++i)

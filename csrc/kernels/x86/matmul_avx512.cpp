@@ -739,9 +739,10 @@ MatmulFastFn packed_kernel(const KernelTuning& tuning) {
 
 void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning) {
   t.quantize_act = quantize_act_avx512;
-  // Exact mode on F32, F16 and BF16 weights stays AVX2's (this table is filled over the AVX2
-  // one): where zmm work is split into two 256-bit halves the ymm kernels read and multiply
-  // faster (docs/tuning.md, "exact kernels stay AVX2's").
+  // Exact mode stays AVX2's (this table is filled over the AVX2 one): on F32, F16 and BF16
+  // weights, where zmm work is split into two 256-bit halves the ymm kernels read and multiply
+  // faster (docs/tuning.md, "exact kernels stay AVX2's"); the quantized rows' exact kernels
+  // share their tile.
   t.matmul_fast[GGML_Q8_0] = matmul_fast_avx512<GGML_Q8_0>;
   t.matmul_fast[GGML_Q4_0] = matmul_fast_avx512<GGML_Q4_0>;
   t.matmul_fast[GGML_Q4_1] = matmul_fast_avx512<GGML_Q4_1>;
