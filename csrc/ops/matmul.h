@@ -46,12 +46,12 @@ struct MatmulPart {
 };
 // The kernel a part multiplies with: packed weights' fast kernel (fast mode), a type's fast
 // kernel on weights as stored (fast mode), a type's exact kernel (F32, F16, BF16 in either
-// mode; on the SIMD paths also Q8_0, Q4_0, Q4_1, Q5_1 and Q5_K rows, dequantized in
-// registers), rows dequantized a group at a time into scratch and multiplied by the F32 exact
-// kernel (the other quantized types as stored, in exact mode), or none (packed weights in
-// exact mode, a type without kernels). matmul_parts takes the dequantized rows for an exact
-// kernel's quantized type too from kExactDequantMinM activation rows on: the same values, so
-// the same results (where a result is NaN, its sign and payload may differ).
+// mode; on the SIMD paths also quantized rows dequantized in registers: Q8_0, Q4_0, Q4_1, Q5_1
+// and Q5_K, on AVX-512 Q5_0 and Q4_K too), rows dequantized a group at a time into scratch and multiplied by the F32
+// exact kernel (the other quantized types as stored, in exact mode), or none (packed weights in exact mode, a type
+// without kernels). matmul_parts takes the dequantized rows for an exact kernel's quantized type too from
+// kExactDequantMinM activation rows on: the same values, so the same results (where a result is NaN, its sign and
+// payload may differ).
 enum class MatmulKernel { none, fast_packed, fast, exact, dequantized };
 MatmulKernel matmul_part_kernel(uint32_t w_type, bool packed, Precision precision);
 // y_i = x @ W_i^T for each of 1 to kMaxMatmulParts parts, every part with a kernel of its own:

@@ -713,6 +713,106 @@ PYINFER_INLINE void packed_rows(int type, bool gemv_ahead, const void* w, int64_
   }
 }
 
+// ---- exact mode on quantized rows, dequantized in registers -----------------------------------
+// The AVX2 exact kernels' arithmetic (matmul_avx2.cpp, exact_tile and load_w32) on 16 lanes:
+// per 32-run of a row, elements 0..15 in one vector and 16..31 in another, whose halves are the
+// AVX2 kernel's four 8-lane accumulators, summed (a0 + a1) + (a2 + a3) at the end. Each
+// element is dequantized with dequant_ref.cpp's operations and multiplied and added in the
+// same order, so the results are the AVX2 kernels' and those through dequantized scratch (a
+// NaN's sign and payload aside, ops/matmul.cpp): the dequantizing runs on twice the width.
+
+// 16 bytes at p, zero-extended to int32 lanes.
+PYINFER_INLINE __m512i u8x16(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Weights k..k+31 of a quantized row (k a multiple of 32) as float32: w[0] elements 0..15,
+// w[1] 16..31.
+PYINFER_INLINE void dequant_run(int type, const uint8_t* row, int64_t k, __m512 (&w)[2]) {
+  const TypeTraits& tt = type_traits(type);
+  const uint8_t* b = row + k / tt.block_elems * tt.block_bytes;  // the block holding the run
+  const __m512i m4 = _mm512_set1_epi32(0x0f);
+  if (type == GGML_Q8_0) {
+    const __m512 d = _mm512_set1_ps(f16_scale(b));
+    for (int h = 0; h < 2; ++h)
+      w[h] = _mm512_mul_ps(
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2 + 16 * h)))),
+          d);
+    return;
+  }
+  if (tt.block_elems == QK8_0) {  // Q4_0, Q4_1, Q5_0, Q5_1 (load_w32's layout)
+    const bool has_min = tt.has_min, five = tt.quant_bits == 5;
+    const __m512 d = _mm512_set1_ps(f16_scale(b));
+    const __m512 m = _mm512_set1_ps(has_min ? f16_scale(b + 2) : 0.0f);
+    const uint8_t* qh = b + (has_min ? 4 : 2);
+    const __m512i v = u8x16(five ? qh + 4 : qh);
+    for (int h = 0; h < 2; ++h) {
+      __m512i q = h == 0 ? _mm512_and_si512(v, m4) : _mm512_srli_epi32(v, 4);
+      if (five)  // bit e of qh is element e's fifth
+        q = _mm512_mask_or_epi32(q, static_cast<__mmask16>(qh[2 * h] | (qh[2 * h + 1] << 8)), q, _mm512_set1_epi32(16));
+      w[h] = has_min ? _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q), d), m)
+                     : _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(tt.q_bias))), d);
+    }
+    return;
+  }
+  const int j = static_cast<int>(k % QK_K / 32);  // the run's 32-element sub-block
+  // Q4_K, Q5_K (load_w32's layout): value = (d * sc) * q - dmin * mn.
+  int sc, mn;
+  kquant_scale_min(b + 4, j, &sc, &mn);
+  const __m512 d1 = _mm512_set1_ps(f16_scale(b) * sc), m1 = _mm512_set1_ps(f16_scale(b + 2) * mn);
+  const bool five = type == GGML_Q5_K;
+  const uint8_t* qh = b + 16;
+  const uint8_t* qs = (five ? qh + 32 : qh) + 32 * (j / 2);
+  for (int h = 0; h < 2; ++h) {
+    const __m512i v = u8x16(qs + 16 * h);
+    __m512i q = j % 2 == 0 ? _mm512_and_si512(v, m4) : _mm512_srli_epi32(v, 4);
+    if (five)
+      q = _mm512_or_si512(
+          q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u8x16(qh + 16 * h), j), _mm512_set1_epi32(1)), 4));
+    w[h] = _mm512_sub_ps(_mm512_mul_ps(d1, _mm512_cvtepi32_ps(q)), m1);
+  }
+}
+
+// One quantized row against MT (1 or 2) activation rows; the stream requested ahead as the
+// AVX2 kernel does it (with ahead).
+template <int MT>
+PYINFER_INLINE void exact_tile_q(int type, bool ahead, const uint8_t* row, const float* x, int64_t K, float* y,
+                                 int64_t ldy) {
+  __m512 acc[MT][2];
+  for (int c = 0; c < MT; ++c) acc[c][0] = acc[c][1] = _mm512_setzero_ps();
+  const int64_t bb = type_traits(type).block_bytes, be = type_traits(type).block_elems;
+  for (int64_t k = 0; k < K; k += 32) {
+    if (ahead)
+      for (int64_t o = (k * bb / be + 63) / 64 * 64; o < (k + 32) * bb / be; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row) + o + kStreamFetchAhead, _MM_HINT_T1);
+    __m512 w[2];
+    dequant_run(type, row, k, w);
+    for (int c = 0; c < MT; ++c)
+      for (int h = 0; h < 2; ++h) acc[c][h] = _mm512_fmadd_ps(w[h], _mm512_loadu_ps(x + c * K + k + 16 * h), acc[c][h]);
+  }
+  for (int c = 0; c < MT; ++c) {
+    const __m256 a01 = _mm256_add_ps(_mm512_castps512_ps256(acc[c][0]), _mm512_extractf32x8_ps(acc[c][0], 1));
+    const __m256 a23 = _mm256_add_ps(_mm512_castps512_ps256(acc[c][1]), _mm512_extractf32x8_ps(acc[c][1], 1));
+    y[c * ldy] = hsum8(_mm256_add_ps(a01, a23));
+  }
+}
+
+template <int T, bool Ahead>
+void matmul_exact_q_avx512(const void* w, int64_t rb, const float* x, int64_t M, int64_t K, int64_t n_rows, float* y,
+                           int64_t ldy) {
+  const auto* wb = static_cast<const uint8_t*>(w);
+  for (int64_t n = 0; n < n_rows; ++n) {
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2) exact_tile_q<2>(T, Ahead, wb + n * rb, x + m * K, K, y + m * ldy + n, ldy);
+    if (m < M) exact_tile_q<1>(T, Ahead, wb + n * rb, x + m * K, K, y + m * ldy + n, ldy);
+  }
+}
+
+template <int T>
+void exact_kernel(KernelSet& t, const KernelTuning& tuning) {
+  t.matmul_exact[T] = tuning.stream_fetch_ahead ? matmul_exact_q_avx512<T, true> : matmul_exact_q_avx512<T, false>;
+}
+
 template <int T, bool GemvAhead>
 void matmul_fast_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, int64_t M, int64_t K, int64_t n_rows,
                                float* y, int64_t ldy) {
@@ -739,10 +839,9 @@ MatmulFastFn packed_kernel(const KernelTuning& tuning) {
 
 void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning) {
   t.quantize_act = quantize_act_avx512;
-  // Exact mode stays AVX2's (this table is filled over the AVX2 one): on F32, F16 and BF16
-  // weights, where zmm work is split into two 256-bit halves the ymm kernels read and multiply
-  // faster (docs/tuning.md, "exact kernels stay AVX2's"); the quantized rows' exact kernels
-  // share their tile.
+  // Exact mode on F32, F16 and BF16 weights stays AVX2's (this table is filled over the AVX2
+  // one): where zmm work is split into two 256-bit halves the ymm kernels read and multiply
+  // faster (docs/tuning.md, "exact kernels stay AVX2's").
   t.matmul_fast[GGML_Q8_0] = matmul_fast_avx512<GGML_Q8_0>;
   t.matmul_fast[GGML_Q4_0] = matmul_fast_avx512<GGML_Q4_0>;
   t.matmul_fast[GGML_Q4_1] = matmul_fast_avx512<GGML_Q4_1>;
@@ -754,6 +853,16 @@ void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning) {
   t.matmul_fast_packed[GGML_Q4_K] = packed_kernel<GGML_Q4_K>(tuning);
   t.matmul_fast_packed[GGML_Q5_K] = packed_kernel<GGML_Q5_K>(tuning);
   t.matmul_fast_packed[GGML_Q6_K] = packed_kernel<GGML_Q6_K>(tuning);
+  // Quantized rows dequantized in registers on 16 lanes, over AVX2's 8-lane kernels; Q6_K ran
+  // as fast through scratch and stays there (docs/tuning.md, "exact mode: quantized rows
+  // dequantized in registers").
+  exact_kernel<GGML_Q8_0>(t, tuning);
+  exact_kernel<GGML_Q4_0>(t, tuning);
+  exact_kernel<GGML_Q4_1>(t, tuning);
+  exact_kernel<GGML_Q5_0>(t, tuning);
+  exact_kernel<GGML_Q5_1>(t, tuning);
+  exact_kernel<GGML_Q4_K>(t, tuning);
+  exact_kernel<GGML_Q5_K>(t, tuning);
 }
 
 }  // namespace pyinfer
