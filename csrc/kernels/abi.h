@@ -38,7 +38,8 @@ using SoftmaxFn = void (*)(const float* x, float* out, int64_t n);
 using F32ToF16Fn = void (*)(const float* src, fp16_t* dst, int64_t n);
 // Keys are cached in blocks of kKeyBlock positions, each block [head_dim][kKeyBlock] (see
 // KVCache), so the score of one query against a block is head_dim broadcast-multiply-adds of
-// whole vectors, with no horizontal sums.
+// whole vectors, with no horizontal sums (a Q8_0 cache's: integer multiply-adds of dimension
+// pairs, then one float multiply-add per 32 dimensions; AttnTile).
 constexpr int64_t kKeyBlock = 16;
 // The most queries of a tile that share each key and value load (one register group).
 constexpr int64_t kAttnGroupQueries = 4;

@@ -101,9 +101,10 @@ KVCache::KVCache(int64_t n_layer, int64_t n_head_kv, int64_t head_dim, int64_t n
     throw std::invalid_argument("KVCache needs n_layer, n_head_kv, head_dim and n_ctx >= 1; got " + str(n_layer) +
                                 ", " + str(n_head_kv) + ", " + str(head_dim) + ", " + str(n_ctx));
   if (type != KV_F32 && type != KV_F16 && type != KV_Q8_0) throw std::invalid_argument("KVCache: unknown element type");
-  if (type == KV_Q8_0 && head_dim % kKvQ8Chunk != 0)
-    throw std::invalid_argument("a Q8_0 KV cache needs head_dim a multiple of " + str(kKvQ8Chunk) + "; got " +
-                                str(head_dim));
+  // Its scores take the query in int16 per chunk, held beside the kernels (kernels/kv_query.h).
+  if (type == KV_Q8_0 && (head_dim % kKvQ8Chunk != 0 || head_dim > kRopeMaxDim))
+    throw std::invalid_argument("a Q8_0 KV cache needs head_dim a multiple of " + str(kKvQ8Chunk) + " and at most " +
+                                str(kRopeMaxDim) + "; got " + str(head_dim));
   // Both sizes checked before either is allocated; K's rounds n_ctx up to whole blocks.
   const auto es = static_cast<int64_t>(elem_size());
   const int64_t v_bytes =

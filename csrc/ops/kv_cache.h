@@ -71,7 +71,8 @@ class KVCache {
   // type (positions from n_pos(layer) on hold whatever their storage holds).
   void copy_keys(int64_t layer, void* dst) const;
   // Q8_0 only: one layer's keys or values in position order as float32,
-  // [n_head_kv][n_ctx][head_dim], each int8 times its scale (what the attention kernels read).
+  // [n_head_kv][n_ctx][head_dim], each int8 times its scale (the values as the attention
+  // kernels weigh them; the scores take the int8 keys and their scales apart, kernels/abi.h).
   void dequantize_q8(int64_t layer, bool values, float* dst) const;
 
   // Every layer holds the first n positions of src's (a cache of the same shape and type,

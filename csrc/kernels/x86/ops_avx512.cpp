@@ -1,8 +1,9 @@
 // ops_avx512.cpp: AVX-512 RMSNorm, RoPE, SwiGLU, add, softmax, fp16 conversion, attention.
 // This file alone is compiled with the AVX-512 flags. Everything except fill_ops_avx512 has
 // internal linkage and no STL template is instantiated, so no code built with these flags can
-// be merged into a portable caller. RoPE, add and the fp16 conversion match ops_ref.cpp bit for
-// bit; the rest sum lane-wise and use a polynomial exp (within float32 bounds of the spec).
+// be merged into a portable caller. RoPE, add, the fp16 conversion and a Q8_0 cache's scores
+// match ops_ref.cpp bit for bit; the rest sum lane-wise and use a polynomial exp (within
+// float32 bounds of the spec).
 #include <immintrin.h>
 
 #include <math.h>
@@ -210,6 +211,7 @@ inline __m512 kv16(const void* p, int64_t idx, __mmask16 k) {
 // depend on RG or NB.
 template <int RG, int NB, int KT, int FETCH>
 inline void score_blocks(const AttnQueries<RG>& g, int64_t head_dim, const void* k, float scale, float* s, int64_t ls) {
+  static_assert(KT != KV_Q8_0, "a Q8_0 cache's scores are score_blocks_q8's");
   __m512 acc[RG][NB];
   UNROLL for (int r = 0; r < RG; ++r)
     UNROLL for (int n = 0; n < NB; ++n) acc[r][n] = _mm512_setzero_ps();
