@@ -165,7 +165,9 @@ def test_batch_prefill_peers_formats(bench_out: Path, tiny: Path) -> None:
         assert r["gops"] == pytest.approx(r["ops"] / r["prefill_s"] / 1e9)
         assert 0 < r["ttft_s"] and len(r["ttft_s_samples"]) >= 2
     peers = _load(bench_out, "peers")
-    assert {r["engine"] for r in peers["rows"]} == {"pyinfer", "pyinfer generate()"} and peers["ratios"] == []
+    assert {r["engine"] for r in peers["rows"]} == {"pyinfer", "pyinfer exact", "pyinfer generate()"}
+    assert peers["ratios"] == [] and peers["exact_ratios"] == []  # no peers, no transformers
+    assert all(r["pp"] > 0 and r["tg"] > 0 for r in peers["rows"] if r["engine"] == "pyinfer exact")
     # generate() is timed one token per pass, as tg: its default prompt-lookup drafts would
     # time speculation instead of the loop's own cost.
     assert [r["draft_tokens"] for r in peers["rows"] if r["engine"] == "pyinfer generate()"] == [0, 0]

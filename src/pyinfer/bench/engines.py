@@ -39,9 +39,9 @@ class Engine:
 
 
 class PyinferEngine(Engine):
-    def __init__(self, path: Path, n_threads: int, n_ctx: int) -> None:
-        self.name = "pyinfer"
-        self.model = Model.load(path, n_threads=n_threads, n_ctx=n_ctx)
+    def __init__(self, path: Path, n_threads: int, n_ctx: int, precision: str = "fast") -> None:
+        self.name = "pyinfer" if precision == "fast" else f"pyinfer {precision}"
+        self.model = Model.load(path, n_threads=n_threads, n_ctx=n_ctx, precision=precision)
         self.ctx = self.model.context()
 
     def pp(self, ids: list[int]) -> float:

@@ -575,13 +575,15 @@ def _ratio_cell(x: dict[str, Any], key: str, target: float | None = None) -> str
 
 def study_peers(s: Settings) -> Report:
     """pp and tg through pyinfer and every peer available, alternating engines within each
-    repeat; reported as pyinfer's speed over each peer's, measured side by side. Beside them,
-    start-up against llama-cpp-python: load time, resident memory, time to first token."""
+    repeat; reported as pyinfer's speed over each peer's, measured side by side. pyinfer's
+    exact mode (float32 activations and sums) runs beside them, against float32 transformers
+    where that is there. Beside them, start-up against llama-cpp-python: load time, resident
+    memory, time to first token."""
     pp, tg = (64, 16) if s.quick else (512, 128)
     makers, skipped = peer_makers(s.llama_bench, s.openvino_python) if s.peers else ([], {"all": "disabled"})
     startup_names = ["pyinfer"] + [n for n, _ in makers if n in STARTUP_MODULES]
     load_reps, ttft_reps = (2, 2) if s.quick else (5, 7)
-    prog = Progress("peers", len(s.threads) * (s.repeats * (len(makers) + 1) + len(makers) + 1
+    prog = Progress("peers", len(s.threads) * (s.repeats * (len(makers) + 2) + len(makers) + 2
                                                + load_reps + 1 + len(startup_names) + ttft_reps))
     rows: list[dict[str, Any]] = []
     startup: list[dict[str, Any]] = []
@@ -608,11 +610,15 @@ def study_peers(s: Settings) -> Report:
         engines[0].pp(prompt[:16])
         engines[0].tg(prompt[0], 4)
         prog.step("warm up pyinfer")
-        samples: dict[str, dict[str, list[float]]] = {e.name: {"pp": [], "tg": []} for e in engines}
+        exact_engine = PyinferEngine(s.model, nt, n_ctx, precision="exact")
+        exact_engine.pp(prompt[:16])
+        exact_engine.tg(prompt[0], 4)
+        prog.step("warm up pyinfer exact")
+        samples: dict[str, dict[str, list[float]]] = {e.name: {"pp": [], "tg": []} for e in [*engines, exact_engine]}
         gen: list[float] = []
         drafted = 0
         for _ in range(s.repeats):
-            for e in engines:
+            for e in [*engines, exact_engine]:
                 samples[e.name]["pp"].append(e.pp(prompt))
                 samples[e.name]["tg"].append(e.tg(prompt[0], tg))
                 prog.step(f"{e.name} {nt}t")
@@ -621,11 +627,12 @@ def study_peers(s: Settings) -> Report:
             rate, tried = py.generate_rate(tg)
             gen.append(rate)
             drafted += tried
-        for e in engines:
+        for e in [*engines, exact_engine]:
             rows.append({"engine": e.name, "threads": nt, "pp": median(samples[e.name]["pp"]),
                          "tg": median(samples[e.name]["tg"]), "pp_samples": samples[e.name]["pp"],
                          "tg_samples": samples[e.name]["tg"], **getattr(e, "info", {})})
-        bare = rows[-len(engines)]["tg"]
+        del exact_engine
+        bare = rows[-len(engines) - 1]["tg"]
         rows.append({"engine": "pyinfer generate()", "threads": nt, "tg": median(gen), "tg_samples": gen,
                      "loop_overhead": 1 - median(gen) / bare, "draft_tokens": drafted})
         first = _ttft(engines, nt, ttft_reps, skipped, prog)
@@ -651,11 +658,16 @@ def study_peers(s: Settings) -> Report:
             if peak is not None:
                 r["pp_pct_of_int8_peak"] = 100 * r["pp_gops_per_core"] / peak["gops"]
     ratios = []
+    exact_ratios = []  # pyinfer's exact mode over float32 transformers
     for r in rows:
         base = next(x for x in rows if x["engine"] == "pyinfer" and x["threads"] == r["threads"])
-        if r["engine"] not in ("pyinfer", "pyinfer generate()"):
+        exact = next(x for x in rows if x["engine"] == "pyinfer exact" and x["threads"] == r["threads"])
+        if r["engine"] not in ("pyinfer", "pyinfer generate()", "pyinfer exact"):
             ratios.append({"peer": r["engine"], "threads": r["threads"], "pp_ratio": base["pp"] / r["pp"],
                            "tg_ratio": base["tg"] / r["tg"]})
+        if r["engine"] == "transformers":
+            exact_ratios.append({"peer": r["engine"], "threads": r["threads"], "pp_ratio": exact["pp"] / r["pp"],
+                                 "tg_ratio": exact["tg"] / r["tg"]})
     # Start-up ratios are pyinfer's time or memory over the peer's: below 1, pyinfer is
     # faster or smaller. Memory is also compared less the repacked weights, the copy pyinfer
     # makes on purpose (the rest of the file stays mapped).
@@ -685,6 +697,9 @@ def study_peers(s: Settings) -> Report:
         md += [""] + table(
             ["peer", "threads", f"pp{pp} pyinfer / peer", f"tg{tg} pyinfer / peer"],
             [[x["peer"], x["threads"], f"{x['pp_ratio']:.2f}x", f"{x['tg_ratio']:.2f}x"] for x in ratios])
+    md += [""] + [f"pyinfer exact (`precision=\"exact\"`: float32 activations and sums, the dequantized weights) "
+                  f"over float32 transformers at {x['threads']} thread(s): pp{pp} {x['pp_ratio']:.2f}x, "
+                  f"tg{tg} {x['tg_ratio']:.2f}x." for x in exact_ratios]
     md += ["", "### Start-up", "",
            f"Load: median of {load_reps} loads each (`Model.load(path, n_threads=t, n_ctx={STARTUP_N_CTX})`, "
            f"`Llama(model_path=path, n_threads=t, n_ctx={STARTUP_N_CTX}, verbose=False)`), engines alternating, "
@@ -717,7 +732,8 @@ def study_peers(s: Settings) -> Report:
                      for x in startup_ratios])
     if skipped:
         md += [""] + [f"- {k} skipped: {v}" for k, v in skipped.items()]
-    return {"study": "peers", "pp_tokens": pp, "tg_tokens": tg, "rows": rows, "ratios": ratios, "int8_peak": peak,
+    return {"study": "peers", "pp_tokens": pp, "tg_tokens": tg, "rows": rows, "ratios": ratios,
+            "exact_ratios": exact_ratios, "int8_peak": peak,
             "startup": startup, "startup_ratios": startup_ratios,
             "startup_settings": {"n_ctx": STARTUP_N_CTX, "load_repeats": load_reps, "ttft_repeats": ttft_reps,
                                  "chat": CHAT, "ttft_max_tokens": TTFT_MAX_TOKENS,
