@@ -196,8 +196,8 @@ def test_rows_independent_of_batch(isa, tname, precision):
     x, raw, _ = problem(w_type, k, n)
     layouts = [(raw, False)] + ([(_C.repack(raw, w_type, n, k), True)] if w_type in QUANT else [])
     for w, packed in layouts:
-        batch = _C.matmul(x[:7], w, w_type, n, k, precision=precision, packed=packed)
-        for m in range(7):
+        batch = _C.matmul(x[:8], w, w_type, n, k, precision=precision, packed=packed)
+        for m in range(8):
             alone = _C.matmul(x[m:m + 1], w, w_type, n, k, precision=precision, packed=packed)
             np.testing.assert_array_equal(alone.view(np.uint32), batch[m:m + 1].view(np.uint32))
 

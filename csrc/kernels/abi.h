@@ -138,10 +138,14 @@ struct KernelSet {
   AttnFn attention[KV_TYPE_SLOTS];           // by KvType
   AttnSteps attention_steps[KV_TYPE_SLOTS];  // by KvType; null members where an ISA has none
   // Matmul (ops/matmul.cpp drives them). A quantized type without an exact kernel, or with
-  // three or more activation rows, is dequantized a few rows at a time and multiplied by
-  // matmul_exact[GGML_F32]; a quantized type's exact kernel gives the same values (a NaN's
-  // sign and payload aside).
+  // three or more activation rows, is dequantized a few rows at a time and multiplied as
+  // float32 rows (matmul_exact_f32_many); a quantized type's exact kernel gives the same values
+  // (a NaN's sign and payload aside).
   MatmulExactFn matmul_exact[GGML_TYPE_SLOTS];  // nullptr where a type has no kernel
+  // Float32 rows against several activation rows (ops/matmul.cpp: F32 weights and dequantized
+  // rows from kExactDequantMinM rows on): matmul_exact[GGML_F32]'s values (a NaN's sign and
+  // payload aside), tiled for a GEMM where an ISA has the registers for it.
+  MatmulExactFn matmul_exact_f32_many;
   MatmulFastFn matmul_fast[GGML_TYPE_SLOTS];
   // The same on weights in the 16-row interleaved layout (kernels/packed16.h): w points at
   // the group holding the first row; w_row_bytes is the row size as stored in GGUF.

@@ -40,7 +40,7 @@ constexpr int64_t kExactDequantMinM = 3;
 void exact_dequantized(const KernelTable& kt, uint32_t w_type, const uint8_t* w, int64_t row_bytes, const float* x,
                        int64_t M, int64_t K, int64_t n_rows, float* y, int64_t ldy) {
   const DequantRowFn dq = kt.dequant_row[w_type];
-  const MatmulExactFn f32 = kt.matmul_exact[GGML_F32];
+  const MatmulExactFn f32 = M >= kExactDequantMinM ? kt.matmul_exact_f32_many : kt.matmul_exact[GGML_F32];
   thread_local std::vector<float> rows;  // [kDequantRows, K], kept for the thread's next call
   rows.resize(static_cast<size_t>(kDequantRows * K));
   for (int64_t r0 = 0; r0 < n_rows; r0 += kDequantRows) {
@@ -291,7 +291,11 @@ void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts,
             case MatmulKernel::fast:
               kt.matmul_fast[p.w_type](w, row_bytes, xq.get() + m0 * nb, mc, K, n1 - n0, y, p.ldy);
               break;
-            default: kt.matmul_exact[p.w_type](w, row_bytes, x + m0 * K, mc, K, n1 - n0, y, p.ldy);
+            default: {  // float32 weights against several rows: the GEMM's tiling, the same bits
+              const bool many = p.w_type == GGML_F32 && mc >= kExactDequantMinM;
+              (many ? kt.matmul_exact_f32_many : kt.matmul_exact[p.w_type])(w, row_bytes, x + m0 * K, mc, K, n1 - n0, y,
+                                                                            p.ldy);
+            }
           }
         }
       }

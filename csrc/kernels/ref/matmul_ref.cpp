@@ -178,6 +178,7 @@ void matmul_fast_ref(const void* w, int64_t w_row_bytes, const block_q8a* xq, in
 void fill_matmul_scalar(KernelSet& t) {
   t.quantize_act = quantize_act_ref;
   t.matmul_exact[GGML_F32] = matmul_f32_f32_ref;
+  t.matmul_exact_f32_many = matmul_f32_f32_ref;
   t.matmul_exact[GGML_F16] = matmul_f16_f32_ref;
   t.matmul_exact[GGML_BF16] = matmul_bf16_f32_ref;
 #define PYINFER_FAST_REF(T)                     \

@@ -165,7 +165,8 @@ PYINFER_INLINE void load_w32(int type, const uint8_t* row, int64_t k, __m256 (&w
 // (docs/tuning.md, "one weight row at a time"); with ahead, the stream's lines kStreamFetchAhead
 // bytes on (across the row's end: rows are rb apart, back to back) are requested into L2 as it
 // goes ("requests ahead on Intel", "requests ahead into L2"). In a GEMM each weight load serves
-// the MT activation rows. The AVX-512 table uses these kernels too (see fill_matmul_avx512).
+// the MT activation rows. The AVX-512 table uses these kernels too (see fill_matmul_avx512),
+// except for float32 rows against three or more activation rows (matmul_exact_f32_many).
 PYINFER_INLINE void exact_tile(int type, int MT, bool ahead, const uint8_t* row, const float* x, int64_t K, float* y,
                                int64_t ldy) {
   __m256 acc[2][4];
@@ -697,6 +698,7 @@ void exact_kernel(KernelSet& t, const KernelTuning& tuning) {
 void fill_matmul_avx2(KernelSet& t, const KernelTuning& tuning) {
   t.quantize_act = quantize_act_avx2;
   exact_kernel<GGML_F32>(t, tuning);
+  t.matmul_exact_f32_many = t.matmul_exact[GGML_F32];
   exact_kernel<GGML_F16>(t, tuning);
   exact_kernel<GGML_BF16>(t, tuning);
   // Quantized rows dequantized in registers, for the few activation rows ops/matmul.cpp gives

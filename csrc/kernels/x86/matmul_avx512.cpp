@@ -808,6 +808,58 @@ void matmul_exact_q_avx512(const void* w, int64_t rb, const float* x, int64_t M,
   }
 }
 
+// Float32 rows against several activation rows: tiles of R weight rows by C activation rows,
+// each output with the AVX2 kernel's four 8-lane accumulators as the halves of two 16-lane
+// ones, in its order, so every output has matmul_exact[GGML_F32]'s values whatever its tile (a
+// NaN's sign and payload aside, ops/matmul.cpp). A tile's R * C outputs share its loads.
+template <int R, int C>
+PYINFER_INLINE void exact_gemm_tile(const float* w, int64_t ldw, const float* x, int64_t K, float* y, int64_t ldy) {
+  __m512 acc[R][C][2];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c][0] = acc[r][c][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 32) {
+    __m512 xv[C][2];
+    for (int c = 0; c < C; ++c)
+      for (int h = 0; h < 2; ++h) xv[c][h] = _mm512_loadu_ps(x + c * K + k + 16 * h);
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) {
+        const __m512 wv = _mm512_loadu_ps(w + r * ldw + k + 16 * h);
+        for (int c = 0; c < C; ++c) acc[r][c][h] = _mm512_fmadd_ps(wv, xv[c][h], acc[r][c][h]);
+      }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const __m256 a01 = _mm256_add_ps(_mm512_castps512_ps256(acc[r][c][0]), _mm512_extractf32x8_ps(acc[r][c][0], 1));
+      const __m256 a23 = _mm256_add_ps(_mm512_castps512_ps256(acc[r][c][1]), _mm512_extractf32x8_ps(acc[r][c][1], 1));
+      y[c * ldy + r] = hsum8(_mm256_add_ps(a01, a23));
+    }
+}
+
+// C activation rows against every weight row, three at a time.
+template <int C>
+PYINFER_INLINE void exact_gemm_cols(const float* w, int64_t ldw, const float* x, int64_t K, int64_t n_rows, float* y,
+                                    int64_t ldy) {
+  int64_t n = 0;
+  for (; n + 3 <= n_rows; n += 3) exact_gemm_tile<3, C>(w + n * ldw, ldw, x, K, y + n, ldy);
+  for (; n < n_rows; ++n) exact_gemm_tile<1, C>(w + n * ldw, ldw, x, K, y + n, ldy);
+}
+
+// Weight rows 16 at a time, each block against all M activation rows while it stays in L1 or
+// L2: a thread's rows are read from memory once.
+void matmul_exact_f32_many_avx512(const void* w, int64_t rb, const float* x, int64_t M, int64_t K, int64_t n_rows,
+                                  float* y, int64_t ldy) {
+  const int64_t ldw = rb / static_cast<int64_t>(sizeof(float));
+  for (int64_t n0 = 0; n0 < n_rows; n0 += kPackRows) {
+    const float* wf = static_cast<const float*>(w) + n0 * ldw;
+    const int64_t nr = n_rows - n0 < kPackRows ? n_rows - n0 : kPackRows;
+    float* yb = y + n0;
+    int64_t m = 0;
+    for (; m + 3 <= M; m += 3) exact_gemm_cols<3>(wf, ldw, x + m * K, K, nr, yb + m * ldy, ldy);
+    if (M - m == 2) exact_gemm_cols<2>(wf, ldw, x + m * K, K, nr, yb + m * ldy, ldy);
+    if (M - m == 1) exact_gemm_cols<1>(wf, ldw, x + m * K, K, nr, yb + m * ldy, ldy);
+  }
+}
+
 template <int T>
 void exact_kernel(KernelSet& t, const KernelTuning& tuning) {
   t.matmul_exact[T] = tuning.stream_fetch_ahead ? matmul_exact_q_avx512<T, true> : matmul_exact_q_avx512<T, false>;
@@ -863,6 +915,7 @@ void fill_matmul_avx512(KernelSet& t, const KernelTuning& tuning) {
   exact_kernel<GGML_Q5_1>(t, tuning);
   exact_kernel<GGML_Q4_K>(t, tuning);
   exact_kernel<GGML_Q5_K>(t, tuning);
+  t.matmul_exact_f32_many = matmul_exact_f32_many_avx512;
 }
 
 }  // namespace pyinfer
