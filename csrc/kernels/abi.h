@@ -169,6 +169,13 @@ struct KernelTuning {
 // Attention over lines it reads again (AttnTile::reads_once) requests into L1 (docs/tuning.md,
 // "requests ahead into L2").
 constexpr int64_t kStreamFetchAhead = 8192;
+// An exact kernel's request ahead for the 32-element run of a row at element k, of a type with
+// bb bytes per be elements: into L2, kStreamFetchAhead bytes on, each 64 bytes of the row once,
+// from the run that starts on or before them. Static, so each ISA's file keeps its own copy.
+static inline void exact_fetch_ahead(const uint8_t* row, int64_t k, int64_t bb, int64_t be) {
+  for (int64_t o = (k * bb / be + 63) / 64 * 64; o < (k + 32) * bb / be; o += 64)
+    __builtin_prefetch(row + o + kStreamFetchAhead, 0, 2);
+}
 
 // Each ISA's files fill their slots of a set; each function is defined in that ISA's files.
 void fill_dequant_scalar(KernelSet& t);  // dequantization

@@ -33,14 +33,21 @@ constexpr int64_t kDequantRows = 16;
 // adds' operand order, the compiler's, may pick another NaN operand's sign and payload).
 constexpr int64_t kExactDequantMinM = 3;
 
+// The kernel for float32 rows against M activation rows: the GEMM's tiling from
+// kExactDequantMinM rows on, the same values either way.
+MatmulExactFn f32_rows_kernel(const KernelTable& kt, int64_t M) {
+  return M >= kExactDequantMinM ? kt.matmul_exact_f32_many : kt.matmul_exact[GGML_F32];
+}
+
 // y = x[M, K] @ W^T for n_rows rows of a quantized W (as stored), kDequantRows rows at a time
 // dequantized (the same kernels as pyinfer.dequantize, so exactly pyinfer.quants.dequantize's
 // values) and multiplied as float32 rows; each group of rows serves all M activation rows.
-// The type has a dequant kernel (matmul_part_kernel's promise for both kinds that come here).
+// The type has a dequant kernel (matmul_part_kernel's promise for both kinds that come here,
+// and every packable type's).
 void exact_dequantized(const KernelTable& kt, uint32_t w_type, const uint8_t* w, int64_t row_bytes, const float* x,
                        int64_t M, int64_t K, int64_t n_rows, float* y, int64_t ldy) {
   const DequantRowFn dq = kt.dequant_row[w_type];
-  const MatmulExactFn f32 = M >= kExactDequantMinM ? kt.matmul_exact_f32_many : kt.matmul_exact[GGML_F32];
+  const MatmulExactFn f32 = f32_rows_kernel(kt, M);
   thread_local std::vector<float> rows;  // [kDequantRows, K], kept for the thread's next call
   rows.resize(static_cast<size_t>(kDequantRows * K));
   for (int64_t r0 = 0; r0 < n_rows; r0 += kDequantRows) {
@@ -291,11 +298,9 @@ void matmul_parts(const float* x, int64_t M, int64_t K, const MatmulPart* parts,
             case MatmulKernel::fast:
               kt.matmul_fast[p.w_type](w, row_bytes, xq.get() + m0 * nb, mc, K, n1 - n0, y, p.ldy);
               break;
-            default: {  // float32 weights against several rows: the GEMM's tiling, the same bits
-              const bool many = p.w_type == GGML_F32 && mc >= kExactDequantMinM;
-              (many ? kt.matmul_exact_f32_many : kt.matmul_exact[p.w_type])(w, row_bytes, x + m0 * K, mc, K, n1 - n0, y,
-                                                                            p.ldy);
-            }
+            default:
+              (p.w_type == GGML_F32 ? f32_rows_kernel(kt, mc) : kt.matmul_exact[p.w_type])(w, row_bytes, x + m0 * K, mc,
+                                                                                           K, n1 - n0, y, p.ldy);
           }
         }
       }
@@ -318,19 +323,15 @@ void matmul_packed(const float* x, int64_t M, int64_t K, const void* packed, uin
     matmul_parts(x, M, K, &part, 1, precision, n_threads);
     return;
   }
-  // Exact mode: unpack a group to blocks as stored, dequantize, multiply as float32 rows, as
-  // matmul does on the unpacked weights.
-  const DequantRowFn dq = kt.dequant_row[w_type];
-  const MatmulExactFn f32 = kt.matmul_exact[GGML_F32];
+  // Exact mode: unpack a group to blocks as stored, then multiply them as matmul does the
+  // quantized rows it dequantizes into scratch.
   // Chunks are a multiple of kPackRows rows.
   parallel_for(n_threads, N, row_chunk(N, n_threads, M, row_bytes), [&](int64_t n0, int64_t n1, int) {
-    std::vector<uint8_t> raw(static_cast<size_t>(group_bytes));   // [16 rows, row_bytes]
-    std::vector<float> rows(static_cast<size_t>(kPackRows * K));  // [16, K]
+    std::vector<uint8_t> raw(static_cast<size_t>(group_bytes));  // [16 rows, row_bytes]
     for (int64_t r0 = n0; r0 < n1; r0 += kPackRows) {
       const int64_t nr = n1 - r0 < kPackRows ? n1 - r0 : kPackRows;
       unpack16(wp + r0 / kPackRows * group_bytes, w_type, nr, K, raw.data());
-      for (int64_t r = 0; r < nr; ++r) dq(raw.data() + r * row_bytes, rows.data() + r * K, K);
-      f32(rows.data(), K * static_cast<int64_t>(sizeof(float)), x, M, K, nr, y + r0, N);
+      exact_dequantized(kt, w_type, raw.data(), row_bytes, x, M, K, nr, y + r0, N);
     }
   });
 }

@@ -174,9 +174,7 @@ PYINFER_INLINE void exact_tile(int type, int MT, bool ahead, const uint8_t* row,
     for (int i = 0; i < 4; ++i) acc[c][i] = _mm256_setzero_ps();
   const int64_t bb = type_traits(type).block_bytes, be = type_traits(type).block_elems;
   for (int64_t k = 0; k < K; k += 32) {
-    if (ahead)  // each 64 bytes of the row once, from the run that starts on or before them
-      for (int64_t o = (k * bb / be + 63) / 64 * 64; o < (k + 32) * bb / be; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(row) + o + kStreamFetchAhead, _MM_HINT_T1);
+    if (ahead) exact_fetch_ahead(row, k, bb, be);
     __m256 wv[4];
     load_w32(type, row, k, wv);
     for (int c = 0; c < MT; ++c)

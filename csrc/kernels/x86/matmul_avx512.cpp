@@ -773,6 +773,15 @@ PYINFER_INLINE void dequant_run(int type, const uint8_t* row, int64_t k, __m512 
   }
 }
 
+// An output's sum from its two 16-lane accumulators (elements 0..15 and 16..31 of each run):
+// their halves are the AVX2 kernel's four 8-lane ones, added (a0 + a1) + (a2 + a3) and then
+// across, as there.
+PYINFER_INLINE float exact_sum(__m512 lo, __m512 hi) {
+  const __m256 a01 = _mm256_add_ps(_mm512_castps512_ps256(lo), _mm512_extractf32x8_ps(lo, 1));
+  const __m256 a23 = _mm256_add_ps(_mm512_castps512_ps256(hi), _mm512_extractf32x8_ps(hi, 1));
+  return hsum8(_mm256_add_ps(a01, a23));
+}
+
 // One quantized row against MT (1 or 2) activation rows; the stream requested ahead as the
 // AVX2 kernel does it (with ahead).
 template <int MT>
@@ -782,19 +791,13 @@ PYINFER_INLINE void exact_tile_q(int type, bool ahead, const uint8_t* row, const
   for (int c = 0; c < MT; ++c) acc[c][0] = acc[c][1] = _mm512_setzero_ps();
   const int64_t bb = type_traits(type).block_bytes, be = type_traits(type).block_elems;
   for (int64_t k = 0; k < K; k += 32) {
-    if (ahead)
-      for (int64_t o = (k * bb / be + 63) / 64 * 64; o < (k + 32) * bb / be; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(row) + o + kStreamFetchAhead, _MM_HINT_T1);
+    if (ahead) exact_fetch_ahead(row, k, bb, be);
     __m512 w[2];
     dequant_run(type, row, k, w);
     for (int c = 0; c < MT; ++c)
       for (int h = 0; h < 2; ++h) acc[c][h] = _mm512_fmadd_ps(w[h], _mm512_loadu_ps(x + c * K + k + 16 * h), acc[c][h]);
   }
-  for (int c = 0; c < MT; ++c) {
-    const __m256 a01 = _mm256_add_ps(_mm512_castps512_ps256(acc[c][0]), _mm512_extractf32x8_ps(acc[c][0], 1));
-    const __m256 a23 = _mm256_add_ps(_mm512_castps512_ps256(acc[c][1]), _mm512_extractf32x8_ps(acc[c][1], 1));
-    y[c * ldy] = hsum8(_mm256_add_ps(a01, a23));
-  }
+  for (int c = 0; c < MT; ++c) y[c * ldy] = exact_sum(acc[c][0], acc[c][1]);
 }
 
 template <int T, bool Ahead>
@@ -828,11 +831,7 @@ PYINFER_INLINE void exact_gemm_tile(const float* w, int64_t ldw, const float* x,
       }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
-      const __m256 a01 = _mm256_add_ps(_mm512_castps512_ps256(acc[r][c][0]), _mm512_extractf32x8_ps(acc[r][c][0], 1));
-      const __m256 a23 = _mm256_add_ps(_mm512_castps512_ps256(acc[r][c][1]), _mm512_extractf32x8_ps(acc[r][c][1], 1));
-      y[c * ldy + r] = hsum8(_mm256_add_ps(a01, a23));
-    }
+    for (int c = 0; c < C; ++c) y[c * ldy + r] = exact_sum(acc[r][c][0], acc[r][c][1]);
 }
 
 // C activation rows against every weight row, three at a time.
