@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyinfer import Tokenizer, _bpe
+from pyinfer import tokenizer as tokenizer_mod
 from pyinfer.gguf import GGUFReader
 from pyinfer.tokenizer import PRE_TOKENIZERS, StreamDecoder
 
@@ -349,6 +350,37 @@ def test_other_tokenizer_models_are_an_error(metadata: dict):
         Tokenizer(dict(metadata, **{"tokenizer.ggml.model": "llama"}))
     with pytest.raises(ValueError, match="tokenizer.ggml.model"):
         Tokenizer({k: v for k, v in metadata.items() if k != "tokenizer.ggml.model"})
+
+
+# A vocabulary's pieces come from one conversion of all its texts, cut again: the same bytes as
+# converting each text alone, whatever the texts hold (a NUL, a character outside the byte map,
+# empty texts), and the per-text path where the batched one cannot cut.
+_PIECE_TEXTS = st.lists(
+    st.text(alphabet=st.sampled_from(["a", "\u0120", "\u2581", "\x00", " ", "\u00e9", "\u4e00", "\u010a", "<"]),
+            max_size=6),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_PIECE_TEXTS)
+def test_batched_pieces_match_one_by_one(texts: list[str]):
+    assert tokenizer_mod._normal_pieces(texts) == [tokenizer_mod._normal_piece(t) for t in texts]
+    assert tokenizer_mod._spm_pieces(texts) == [tokenizer_mod._spm_piece(t) for t in texts]
+
+
+def test_awkward_tokens_keep_their_bytes(metadata: dict):
+    """Tokens holding a NUL or a character outside the byte map, and control tokens, detokenize
+    as they did one by one; end-of-turn texts are control tokens wherever they sit."""
+    tokens = list(metadata["tokenizer.ggml.tokens"])
+    tokens[1000] = "ab\x00c"  # a NUL: the batched cut cannot be trusted here
+    tokens[1001] = "x\u4e00"  # outside the byte map: kept as UTF-8
+    t = Tokenizer(dict(metadata, **{"tokenizer.ggml.tokens": tokens}))
+    assert t.detokenize([1000]) == b"ab\x00c"
+    assert t.detokenize([1001]) == b"x\xe4\xb8\x80"
+    im_end = t.tokenize("<|im_end|>", special=True)
+    assert len(im_end) == 1 and im_end[0] in t.eot_ids
+    assert t.detokenize(im_end, special=False) == b"" and t.detokenize(im_end) == b"<|im_end|>"
 
 
 def test_load_by_path_and_default(default_model: Path, tok: Tokenizer):

@@ -9,7 +9,10 @@ import heapq
 import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import accumulate, compress
 from typing import Any
+
+import numpy as np
 
 from pyinfer import _bpe
 
@@ -95,6 +98,45 @@ def _spm_piece(text: str) -> bytes:
     return text.replace(SPACE_MARK, " ").encode("utf-8")
 
 
+# A vocabulary's pieces come from one conversion of all its tokens' text, cut at the tokens'
+# ends: a call per token made a large vocabulary's tokenizer slow to build (262,144 tokens).
+def _normal_pieces(texts: list[str]) -> list[bytes]:
+    """_normal_piece of every text: where every character is in the byte map, one byte per
+    character, each text's bytes cut from the whole's at its length."""
+    try:
+        whole = "".join(texts).translate(_UNMAP).encode("latin-1")
+    except UnicodeEncodeError:  # a character outside the map: text by text
+        return [_normal_piece(t) for t in texts]
+    ends = list(accumulate(map(len, texts)))
+    return [whole[a:b] for a, b in zip([0, *ends], ends)]
+
+
+def _spm_pieces(texts: list[str]) -> list[bytes]:
+    """_spm_piece of every text: the texts joined by NUL and split again, where none holds a
+    NUL of its own."""
+    whole = "\0".join(texts)
+    if whole.count("\0") == len(texts) - 1:
+        try:
+            return whole.replace(SPACE_MARK, " ").encode("utf-8").split(b"\0")
+        except UnicodeEncodeError:  # a lone surrogate: raised by its own text below
+            pass
+    return [_spm_piece(t) for t in texts]
+
+
+def _int_list(values: Any) -> list[int]:
+    """A metadata array as Python ints (a NumPy integer array converted at once)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        return values.tolist()
+    return [int(v) for v in values]
+
+
+def _float_list(values: Any) -> list[float]:
+    """A metadata array as Python floats (a NumPy float array converted at once)."""
+    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
+        return values.astype(np.float64).tolist()
+    return [float(v) for v in values]
+
+
 def _byte_token(text: str) -> bytes:
     """A byte token's value, written <0xXX>."""
     if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
@@ -118,8 +160,8 @@ class SentencePiece:
     when it is a character with no token, the byte tokens `<0xNN>` of its UTF-8.
     """
 
-    def __init__(self, tokens: list[str], scores: list[float], byte_ids: list[int | None]) -> None:
-        self._ids = {t: i for i, t in enumerate(tokens)}
+    def __init__(self, ids: dict[str, int], scores: list[float], byte_ids: list[int | None]) -> None:
+        self._ids = ids  # token text -> id
         self._scores = scores
         self._byte_ids = byte_ids
 
@@ -267,7 +309,8 @@ class Tokenizer:
         self.pre: PreTokenizer = pre
 
         n = len(tokens)
-        if len(set(tokens)) != n:
+        index = dict(zip(tokens, range(n)))  # token text -> id
+        if len(index) != n:
             seen: dict[str, int] = {}
             for i, t in enumerate(tokens):
                 if t in seen:
@@ -279,15 +322,15 @@ class Tokenizer:
         if types_md is None:
             types = [NORMAL] * n
         else:
-            types = [int(t) for t in types_md]
+            types = _int_list(types_md)
             if len(types) < n:
                 raise ValueError(
                     f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens"
                 )
             types = types[:n]
-        for i, t in enumerate(tokens):
-            if t in END_OF_TURN_TEXTS:
-                types[i] = CONTROL
+        eot = {index[t] for t in END_OF_TURN_TEXTS if t in index}
+        for i in eot:
+            types[i] = CONTROL
         self._tokens: list[str] = tokens
         self._types: list[int] = types
 
@@ -298,7 +341,6 @@ class Tokenizer:
         self.pad_id: int | None = self._special_id(metadata, "padding")
         add_bos = metadata.get("tokenizer.ggml.add_bos_token")
         self.add_bos: bool = pre.add_bos if add_bos is None else bool(add_bos)
-        eot = {i for i, t in enumerate(tokens) if t in END_OF_TURN_TEXTS}
         if self.eos_id is not None:
             eot.add(self.eos_id)
         self.eot_ids: frozenset[int] = frozenset(eot)
@@ -309,9 +351,8 @@ class Tokenizer:
         if merges is not None:
             # Bytes with no token of their own: text containing them loses them, as it does
             # in llama.cpp (SmolLM2 lacks six C0 controls and lead bytes of unused planes).
-            vocab = set(tokens)
             self.missing_bytes: frozenset[int] = frozenset(
-                b for b, c in enumerate(BYTE_CHARS) if c not in vocab
+                b for b, c in enumerate(BYTE_CHARS) if c not in index
             )
             self._bpe = self._encoder = _bpe.BPE(
                 tokens,
@@ -329,21 +370,23 @@ class Tokenizer:
                     "tokenizer.ggml.scores is missing or shorter than the vocabulary: a "
                     "SentencePiece-style vocabulary merges by score"
                 )
-            scores = [float(x) for x in scores_md[:n]]
-            index = {t: i for i, t in enumerate(tokens)}
+            scores = _float_list(scores_md[:n])
             # Byte fallback: <0xNN>, else (as llama.cpp) the byte as a one-character token.
             byte_ids: list[int | None] = [
                 index.get(f"<0x{b:02X}>", index.get(chr(b)) if b < 0x80 else None) for b in range(256)
             ]
             self.missing_bytes = frozenset(b for b, i in enumerate(byte_ids) if i is None)
-            self._encoder = SentencePiece(tokens, scores, byte_ids)
+            self._encoder = SentencePiece(index, scores, byte_ids)
             # llama.cpp's default for these vocabularies is a leading space; Gemma's files turn it off.
             self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
 
         # Texts matched as single tokens before BPE: longest first, as llama.cpp does.
         # User-defined tokens always; control and unknown ones only with special=True.
+        # The ids of the other kinds, in order: few beside the normal ones.
+        other = list(compress(range(n), map(NORMAL.__ne__, types)))
+
         def specials(kinds: tuple[int, ...]) -> list[tuple[str, int]]:
-            found = [(t, i) for i, (t, k) in enumerate(zip(tokens, types)) if k in kinds and t]
+            found = [(tokens[i], i) for i in other if types[i] in kinds and tokens[i]]
             return sorted(found, key=lambda p: (-len(p[0]), p[1]))
 
         self._special_all = specials((CONTROL, USER_DEFINED, UNKNOWN))
@@ -351,28 +394,22 @@ class Tokenizer:
 
         # Bytes of each token for detokenize; control and unknown tokens render as their
         # text only when asked to (special=True).
-        pieces: list[bytes] = []
-        plain: list[bytes] = []
-        normal_piece = _normal_piece if merges is not None else _spm_piece
-        for t, k in zip(tokens, types):
-            if k == NORMAL:
-                p = normal_piece(t)
-                pieces.append(p)
-                plain.append(p)
-            elif k == USER_DEFINED:
-                p = t.encode("utf-8")
-                pieces.append(p)
-                plain.append(p)
+        # The normal tokens' bytes (the others' text left out), then the other kinds'.
+        texts = list(tokens)
+        for i in other:
+            texts[i] = ""
+        pieces = _normal_pieces(texts) if merges is not None else _spm_pieces(texts)
+        plain = list(pieces)
+        for i in other:
+            t, k = tokens[i], types[i]
+            if k == USER_DEFINED:
+                pieces[i] = plain[i] = t.encode("utf-8")
             elif k in (CONTROL, UNKNOWN):
-                pieces.append(t.encode("utf-8"))
-                plain.append(b"")
+                pieces[i], plain[i] = t.encode("utf-8"), b""
             elif k == BYTE:
-                p = _byte_token(t)
-                pieces.append(p)
-                plain.append(p)
+                pieces[i] = plain[i] = _byte_token(t)
             else:  # unused and undefined tokens have no text, as in llama.cpp
-                pieces.append(b"")
-                plain.append(b"")
+                pieces[i] = plain[i] = b""
         self._pieces = pieces
         self._pieces_plain = plain
 
