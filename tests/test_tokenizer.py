@@ -373,7 +373,7 @@ def test_awkward_tokens_keep_their_bytes(metadata: dict):
     """Tokens holding a NUL or a character outside the byte map, and control tokens, detokenize
     as they did one by one; end-of-turn texts are control tokens wherever they sit."""
     tokens = list(metadata["tokenizer.ggml.tokens"])
-    tokens[1000] = "ab\x00c"  # a NUL: the batched cut cannot be trusted here
+    tokens[1000] = "ab\x00c"  # a NUL: one byte like any other character of the map
     tokens[1001] = "x\u4e00"  # outside the byte map: kept as UTF-8
     t = Tokenizer(dict(metadata, **{"tokenizer.ggml.tokens": tokens}))
     assert t.detokenize([1000]) == b"ab\x00c"

@@ -123,18 +123,12 @@ def _spm_pieces(texts: list[str]) -> list[bytes]:
     return [_spm_piece(t) for t in texts]
 
 
-def _int_list(values: Any) -> list[int]:
-    """A metadata array as Python ints (a NumPy integer array converted at once)."""
-    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+def _number_list(values: Any, cast: type[int] | type[float]) -> list[Any]:
+    """A metadata array as Python ints or floats: a NumPy array of that kind converted at once
+    (tolist gives each element's exact value), anything else element by element."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in ("iu" if cast is int else "f"):
         return values.tolist()
-    return [int(v) for v in values]
-
-
-def _float_list(values: Any) -> list[float]:
-    """A metadata array as Python floats (a NumPy float array converted at once)."""
-    if isinstance(values, np.ndarray) and values.dtype.kind == "f":
-        return values.astype(np.float64).tolist()
-    return [float(v) for v in values]
+    return [cast(v) for v in values]
 
 
 def _byte_token(text: str) -> bytes:
@@ -322,7 +316,7 @@ class Tokenizer:
         if types_md is None:
             types = [NORMAL] * n
         else:
-            types = _int_list(types_md)
+            types = _number_list(types_md, int)
             if len(types) < n:
                 raise ValueError(
                     f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens"
@@ -370,7 +364,7 @@ class Tokenizer:
                     "tokenizer.ggml.scores is missing or shorter than the vocabulary: a "
                     "SentencePiece-style vocabulary merges by score"
                 )
-            scores = _float_list(scores_md[:n])
+            scores = _number_list(scores_md[:n], float)
             # Byte fallback: <0xNN>, else (as llama.cpp) the byte as a one-character token.
             byte_ids: list[int | None] = [
                 index.get(f"<0x{b:02X}>", index.get(chr(b)) if b < 0x80 else None) for b in range(256)
