@@ -430,6 +430,77 @@ PYINFER_INLINE __m512i k6_scale(const uint8_t* gb, int t) {
   return _mm512_srai_epi32(_mm512_slli_epi32(v, 24 - 8 * (t % 4)), 24);
 }
 
+// (a & 0x0f) | b, for b with bits in 0x30 only: the low nibble of a and the high bits b.
+PYINFER_INLINE __m512i nibble_or(__m512i a, __m512i b) {
+  return _mm512_ternarylogic_epi32(a, _mm512_set1_epi8(0x0f), b, 0xEA);  // (A & B) | C
+}
+
+// Q6_K's 16 rows against one activation row (a GEMV), the integer sums a half super-block at
+// a time: each quant column's three stored vectors (its low nibbles of sub-blocks k and k + 2,
+// of k + 1 and k + 3, and the high bits of all four) are loaded once for the half's four
+// sub-blocks, where k_column loads two of them for each. The float arithmetic per row and
+// sub-block is packed_tile_k's, in the same order: the same bits.
+PYINFER_INLINE void q6k_gemv_tile(const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int n_valid,
+                                  const uint8_t* pf) {
+  constexpr int gbb = kPackRows * packed_block_bytes(GGML_Q6_K);  // bytes of a group-block
+  const __m512i m30 = _mm512_set1_epi8(0x30);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t ib = 0; ib < nb; ib += 8) {
+    const uint8_t* gb = group + ib / 8 * gbb;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(gb)));
+#pragma GCC unroll 2
+    for (int hf = 0; hf < 2; ++hf) {
+      const block_q8a* xh = x + ib + 4 * hf;
+      // Sub-block k of the half: elements 0..15 (lo) and 16..31 (hi), each chain starting at -32
+      // times its activations' sum.
+      __m512i lo[4], hi[4];
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        lo[k] = _mm512_set1_epi32(-32 * xh[k].sum_lo);
+        hi[k] = _mm512_set1_epi32(-32 * (xh[k].sum - xh[k].sum_lo));
+      }
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) {
+        if (pf != nullptr && c % 2 == 0) prefetch_part(pf, gbb, ib, 4 * hf + c / 2, 8);  // as packed_tile_k
+        const __m512i l0 = _mm512_loadu_si512(gb + packed_field(GGML_Q6_K, 2) + 64 * (16 * hf + c));
+        const __m512i l1 = _mm512_loadu_si512(gb + packed_field(GGML_Q6_K, 2) + 64 * (16 * hf + 8 + c));
+        const __m512i h = _mm512_loadu_si512(gb + packed_field(GGML_Q6_K, 3) + 64 * (8 * hf + c));
+        // Bits 2k..2k+1 of each qh byte to bits 4..5 (shifts of 16-bit lanes: the mask keeps each
+        // byte's own bits).
+        const __m512i col[4] = {
+            nibble_or(l0, _mm512_and_si512(_mm512_slli_epi16(h, 4), m30)),
+            nibble_or(l1, _mm512_and_si512(_mm512_slli_epi16(h, 2), m30)),
+            nibble_or(_mm512_srli_epi16(l0, 4), _mm512_and_si512(h, m30)),
+            nibble_or(_mm512_srli_epi16(l1, 4), _mm512_and_si512(_mm512_srli_epi16(h, 2), m30)),
+        };
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; ++k) {
+          if (c < 4)
+            lo[k] = _mm512_dpbusd_epi32(lo[k], col[k], act4(xh + k, c));
+          else
+            hi[k] = _mm512_dpbusd_epi32(hi[k], col[k], act4(xh + k, c));
+        }
+      }
+#pragma GCC unroll 4
+      for (int k = 0; k < 4; ++k) {
+        const int s = 4 * hf + k;
+        const block_q8a* xb = xh + k;
+        if (xb->h4 != 0) {  // 128 * h * q_w[jo], into jo's half
+          const __m512i sp = split_term(k_column(GGML_Q6_K, gb, s, xb->jo / 4), xb);
+          if (xb->jo < 16)
+            lo[k] = _mm512_add_epi32(lo[k], sp);
+          else
+            hi[k] = _mm512_add_epi32(hi[k], sp);
+        }
+        const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(lo[k], k6_scale(gb, 2 * s)),
+                                              _mm512_mullo_epi32(hi[k], k6_scale(gb, 2 * s + 1)));
+        acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(isum), acc);
+      }
+    }
+  }
+  _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << n_valid) - 1), acc);
+}
+
 // 16 rows of K-quant W against MT activation rows (see packed_tile).
 template <int MT>
 PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
@@ -664,7 +735,9 @@ constexpr int64_t kCopyMaxBlocks = 256;
 template <int MT>
 PYINFER_INLINE void tile(int type, const uint8_t* group, const block_q8a* x, int64_t nb, float* y, int64_t ldy,
                          int n_valid, const uint8_t* pf) {
-  if (type_traits(type).block_elems == QK_K)
+  if (MT == 1 && type == GGML_Q6_K)
+    q6k_gemv_tile(group, x, nb, y, n_valid, pf);
+  else if (type_traits(type).block_elems == QK_K)
     packed_tile_k<MT>(type, group, x, nb, y, ldy, n_valid, pf);
   else
     packed_tile<MT>(type, group, x, nb, y, ldy, n_valid, pf);
@@ -870,17 +943,17 @@ void matmul_fast_packed_avx512(const void* w, int64_t rb, const block_q8a* xq, i
   packed_rows(T, GemvAhead, w, rb, xq, M, K, n_rows, y, ldy);
 }
 
-// Type T's packed kernel; whether its GEMV requests the next group ahead. A GEMV over the 4-
-// and 8-bit types reads each group as one stream, which the AMD EPYC measured keeps near the
-// read bandwidth with its hardware prefetcher alone, requests ahead only crowding it, and the
-// Intel Xeon does not: there the tuning asks for them (docs/tuning.md, "a GEMV's stream left
-// to the hardware prefetcher", "requests ahead on Intel"). The 5- and 6-bit types read a field
-// of high bits beside the quants, two streams the hardware prefetcher follows poorly, and
-// request ahead on every CPU.
+// Type T's packed kernel; whether its GEMV requests the next group ahead. A GEMV over the
+// 32-element types and Q4_K reads each group as one stream (a 32-element type's fifth bits lie
+// in the same few lines as its quants), which the AMD EPYCs measured keep near the read
+// bandwidth with the hardware prefetcher alone, requests ahead only crowding it, and the Intel
+// Xeon does not: there the tuning asks for them (docs/tuning.md, "a GEMV's stream left to the
+// hardware prefetcher", "requests ahead on Intel", "Q5_0 and Q5_1 left to the hardware
+// prefetcher"). Q5_K and Q6_K read their high bits from a field a super-block's quants away,
+// two streams the hardware prefetcher follows poorly, and request ahead on every CPU.
 template <int T>
 MatmulFastFn packed_kernel(const KernelTuning& tuning) {
-  constexpr int bits = type_traits(T).quant_bits;
-  if constexpr (bits != 4 && bits != 8)
+  if constexpr (type_traits(T).block_elems == QK_K && type_traits(T).quant_bits != 4)
     return matmul_fast_packed_avx512<T, true>;
   else
     return tuning.stream_fetch_ahead ? matmul_fast_packed_avx512<T, true> : matmul_fast_packed_avx512<T, false>;
