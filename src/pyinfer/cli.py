@@ -9,10 +9,10 @@ import os
 import sys
 from typing import Any, TextIO
 
-from pyinfer.engine import TOKEN_BUDGET
 from pyinfer.errors import GGUFError
 from pyinfer.model import KV_DTYPES
 from pyinfer.registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotFoundError, pull, resolve_model
+from pyinfer.request import TOKEN_BUDGET
 from pyinfer.sampling import DEFAULT_PARAMS
 
 

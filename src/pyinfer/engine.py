@@ -67,19 +67,20 @@ import numpy as np
 
 from pyinfer.errors import OverloadedError, ParameterTypeError
 from pyinfer.model import Batch
-from pyinfer.request import CancelToken, Completion, CompletionChunk, Request, common_prefix, prompt_and_params
+from pyinfer.request import (
+    TOKEN_BUDGET,
+    CancelToken,
+    Completion,
+    CompletionChunk,
+    Request,
+    common_prefix,
+    prompt_and_params,
+)
 
 if TYPE_CHECKING:
     from pyinfer.model import Context, Model
 
-__all__ = ["Engine", "EngineStats", "RequestHandle", "available_memory_bytes"]
-
-
-# Prompt tokens a scheduler step evaluates beside the decoding rows. Each step's pass is one
-# token of every decoding sequence, so the budget is what their next tokens wait for while
-# prompts come in: 128 tokens halves the wait of 256 for a few percent of prefill speed
-# (`pyinfer bench serve`, concurrency 16: p50 TTFT after a cached prefix 250 ms against 388).
-TOKEN_BUDGET = 128
+__all__ = ["TOKEN_BUDGET", "Engine", "EngineStats", "RequestHandle", "available_memory_bytes"]
 
 
 def available_memory_bytes() -> int:

@@ -16,7 +16,6 @@ import numpy as np
 
 from pyinfer import _C
 from pyinfer.arch import Config, describe
-from pyinfer.chat import ChatTemplate
 from pyinfer.errors import ParameterTypeError
 from pyinfer.gguf import GGUFReader
 from pyinfer.registry import ModelArg, resolve_model
@@ -24,6 +23,7 @@ from pyinfer.sampling import logsumexp
 from pyinfer.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
+    from pyinfer.chat import ChatTemplate
     from pyinfer.request import Completion, CompletionChunk
 
 PRECISIONS = ("fast", "exact")
@@ -498,6 +498,8 @@ class Model:
     def chat_template(self) -> ChatTemplate:
         """The file's `tokenizer.chat_template`, compiled in a sandboxed Jinja2 environment."""
         if self._chat_template is None:
+            from pyinfer.chat import ChatTemplate  # Jinja2 is imported with the first template
+
             self._chat_template = ChatTemplate.from_metadata(self.reader.metadata)
         return self._chat_template
 
