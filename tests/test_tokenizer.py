@@ -383,6 +383,23 @@ def test_awkward_tokens_keep_their_bytes(metadata: dict):
     assert t.detokenize(im_end, special=False) == b"" and t.detokenize(im_end) == b"<|im_end|>"
 
 
+def test_bpe_from_a_given_index(metadata: dict, tok: Tokenizer):
+    """A BPE handed the tokenizer's text-to-id table merges as one that builds its own, and
+    leaves the table as it was (its synthetic symbols go into a copy)."""
+    tokens, merges = list(metadata["tokenizer.ggml.tokens"]), list(metadata["tokenizer.ggml.merges"])
+    index = {t: i for i, t in enumerate(tokens)}
+    args = (tokens, merges, tokenizer_mod.BYTE_CHARS, tok.pre.split)
+    given_index = _bpe.BPE(*args, index=index)
+    own = _bpe.BPE(*args)
+    assert index == {t: i for i, t in enumerate(tokens)}
+    for case in CASES:
+        a: list[int] = []
+        b: list[int] = []
+        given_index.encode(case["text"], a)
+        own.encode(case["text"], b)
+        assert a == b
+
+
 def test_load_by_path_and_default(default_model: Path, tok: Tokenizer):
     assert Tokenizer.load(default_model).tokenize("Hello world") == [19556, 905]
     assert Tokenizer.load().vocab_size == tok.vocab_size

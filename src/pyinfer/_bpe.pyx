@@ -296,13 +296,15 @@ cdef class BPE:
 
     def __init__(self, list tokens, list merges, list byte_chars, int split_mode,
                  bint isolate_numbers=False, int number_group=0, bint ignore_merges=False,
-                 Py_ssize_t cache_limit=1 << 16):
+                 Py_ssize_t cache_limit=1 << 16, dict index=None):
         """tokens: byte-level token texts by id; merges: "left right" strings by rank;
-        byte_chars: the character each byte value maps to."""
-        cdef Py_ssize_t i, size, n_merges = len(merges)
+        byte_chars: the character each byte value maps to; index, if given: the text-to-id
+        table of tokens (copied, not built again)."""
+        cdef Py_ssize_t i, sp, size, n_merges = len(merges)
         cdef int bits
         cdef int32_t a, b, r
         cdef uint64_t key, h
+        cdef str m, left, right
         if split_mode not in (SPLIT_GPT2, SPLIT_LLAMA3):
             raise ValueError(f"unknown split mode {split_mode}")
         if split_mode == SPLIT_LLAMA3 and number_group < 1:
@@ -317,20 +319,15 @@ cdef class BPE:
         self.cache_limit = cache_limit
 
         # Later duplicates win, as in a dict built in id order.
-        text_to_id = {t: i for i, t in enumerate(tokens)}
+        if index is not None and len(index) == len(tokens):
+            text_to_id = dict(index)
+        else:
+            text_to_id = {t: i for i, t in enumerate(tokens)}
         self.text_to_id = text_to_id
         extra = []  # texts of synthetic symbols, id = n_vocab + index
 
-        def sym(str text):
-            tid = text_to_id.get(text)
-            if tid is None:
-                tid = self.n_vocab + len(extra)
-                extra.append(text)
-                text_to_id[text] = tid
-            return tid
-
         for i in range(256):
-            self.byte_sym[i] = sym(self.byte_chars[i])
+            self.byte_sym[i] = self._sym(text_to_id, extra, self.byte_chars[i])
 
         bits = 4
         while (1 << bits) < 2 * n_merges + 16:
@@ -352,8 +349,8 @@ cdef class BPE:
                 left, right = "", ""
             else:
                 left, right = m[:sp], m[sp + 1:]
-            a = sym(left)
-            b = sym(right)
+            a = self._sym(text_to_id, extra, left)
+            b = self._sym(text_to_id, extra, right)
             key = ((<uint64_t> <uint32_t> a) << 32) | <uint32_t> b
             h = (key * <uint64_t> 0x9E3779B97F4A7C15) >> self.mshift
             while self.mkeys[h] != EMPTY_KEY and self.mkeys[h] != key:
@@ -362,7 +359,7 @@ cdef class BPE:
                 continue  # the first rank of a repeated merge wins
             self.mkeys[h] = key
             self.mrank[h] = r
-            self.mres[h] = sym(left + right)
+            self.mres[h] = self._sym(text_to_id, extra, left + right)
 
         # The single-byte fallback for a synthetic symbol left unmerged.
         self.expand = []
@@ -376,6 +373,16 @@ cdef class BPE:
         # Synthetic texts must not be found as whole words.
         for text in extra:
             del text_to_id[text]
+
+    cdef int32_t _sym(self, dict text_to_id, list extra, str text) except -1:
+        """The id of a merge operand or result: its token's, else a synthetic symbol's, made
+        on first sight (id n_vocab + its place in extra)."""
+        tid = text_to_id.get(text)
+        if tid is None:
+            tid = self.n_vocab + len(extra)
+            extra.append(text)
+            text_to_id[text] = tid
+        return tid
 
     def __dealloc__(self):
         free(self.mkeys)

@@ -356,6 +356,7 @@ class Tokenizer:
                 isolate_numbers=pre.isolate_numbers,
                 number_group=pre.number_group,
                 ignore_merges=pre.ignore_merges,
+                index=index,
             )
         else:
             scores_md = metadata.get("tokenizer.ggml.scores")
