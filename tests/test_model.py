@@ -184,6 +184,22 @@ def test_synthetic_model_matches_reference_forward(tmp_path):
         assert np.abs(got - ref).max() <= tol * scale, (precision, np.abs(got - ref).max(), scale)
 
 
+def test_model_without_a_tokenizer_runs_on_ids(tmp_path, default_model):
+    """The tokenizer is built beside the load: a file without one still loads and runs on ids,
+    and asking for its tokenizer raises the builder's error, every time; a file with one has it
+    ready, the same object on every call."""
+    path = tmp_path / "tiny.gguf"
+    write_tiny_llama(path)
+    m = Model.load(path)
+    assert np.isfinite(m.logits([1, 2, 3])).all()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="no tokenizer.ggml.model"):
+            m.tokenizer  # noqa: B018
+    d = Model.load(default_model)
+    assert d.tokenizer is d.tokenizer
+    assert d.tokenizer.tokenize("Hello") == d.tokenizer.tokenize("Hello") != []
+
+
 
 def _next_logprobs(model_path: Path, ids: list[int], kv_dtype: str) -> np.ndarray:
     """Every position's next-token log-probabilities, fast path, a kv_dtype cache."""

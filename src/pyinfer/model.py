@@ -9,8 +9,9 @@ import math
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
 import numpy as np
 
@@ -239,6 +240,23 @@ class Batch:
         return ctxs, np.ascontiguousarray(ids, np.int32), counts
 
 
+
+T = TypeVar("T")
+
+def _in_background(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """fn(*args) on a daemon thread; its result, or the exception it raised, in the future."""
+    future: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:  # handed to whoever asks for the result
+            future.set_exception(e)
+
+    threading.Thread(target=run, name=f"pyinfer {getattr(fn, '__name__', 'task')}", daemon=True).start()
+    return future
+
+
 class Model:
     """A loaded llama-family GGUF model.
 
@@ -292,6 +310,10 @@ class Model:
         for name in description.tensors:
             t = reader.tensors[name]
             tensors[name] = (reader.tensor(name), int(t.type), t.n_elements // t.shape[0], t.shape[0])
+        # The tokenizer is built on another thread while the weights are repacked (which
+        # releases the GIL), so that a first request does not wait for it; a model run on ids
+        # alone never asks for it, and one that cannot be built fails when asked for.
+        self._tokenizer_build = _in_background(Tokenizer, reader.metadata)
         self._native = _C.Model(self.config.architecture, self.config.params(), tensors, bool(repack))
         reader.check_unchanged()  # repacking read the whole file: it must be what was validated
         self._chat_template: ChatTemplate | None = None
@@ -309,7 +331,7 @@ class Model:
     def tokenizer(self) -> Tokenizer:
         """Built from the file's metadata on first use (a model can be run on ids without one)."""
         if self._tokenizer is None:
-            self._tokenizer = Tokenizer(self.reader.metadata)
+            self._tokenizer = self._tokenizer_build.result()
         return self._tokenizer
 
     @property
