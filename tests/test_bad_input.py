@@ -149,6 +149,8 @@ CASES = [
     Case("generate: misspelt keyword", gen(temprature=0), TypeError, r"generate\(\).*'temprature'"),
     Case("generate: stop an int", gen(stop=5), ParameterTypeError,
          r"stop must be a string or a list of strings, not int"),
+    Case("generate: stop bytes", gen(stop=b"x"), ParameterTypeError,
+         r"stop must be a string or a list of strings, not bytes"),
     Case("generate: stop too long", gen(stop=["x" * 5000]), ValueError, r"stop: a stop string has 5000 characters"),
     Case("generate: logit_bias id", gen(logit_bias={10**9: 1.0}), ValueError, r"logit_bias token id 1000000000"),
     Case("generate: logit_bias NaN", gen(logit_bias={1: float("nan")}), ValueError, r"logit_bias\[1\] must not be NaN"),

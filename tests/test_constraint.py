@@ -121,6 +121,17 @@ def test_bad_constraints_are_refused_naming_what_is_wrong(model):
         model.generate("x", response_format={"type": "yaml"})
     with pytest.raises(TypeError, match="constraint must be a Constraint"):
         model.generate("x", constraint="a")
+    # Languages with no string in them: refused when made, not answered with an empty "stop".
+    for kw in ({"json_schema": {"$ref": "#"}}, {"grammar": "root ::= x\nx ::= x"},
+               {"regex": "[^\\x00-\\U0010FFFF]"}):
+        with pytest.raises(ConstraintError, match="admits no text"):
+            model.generate("x", max_tokens=4, **kw)
+    assert model.generate("x", max_tokens=4, regex="", temperature=0).text == ""  # the empty text is one
+    # A regex the matcher cannot build its automaton for fails at the token it meets the limit,
+    # naming the limit (the matcher's first line, not its state dump).
+    with pytest.raises(ConstraintError, match=r"regex cannot go on at token \d+: .*too many") as ei:
+        model.generate("x", max_tokens=4, regex="a{1000000000}", temperature=0)
+    assert "<state>" not in str(ei.value)
     # The model still works afterwards.
     assert model.generate("The capital of France is", max_tokens=3, temperature=0).token_ids
 

@@ -316,6 +316,30 @@ def test_repeat_last_n_limits_the_window():
     np.testing.assert_array_equal(y, [1.0, 1.0, 1.0, 2.0])
 
 
+@pytest.mark.parametrize("kw", [{"repeat_penalty": 1e-300}, {"repeat_penalty": 1e300},
+                                {"frequency_penalty": -1e308}, {"frequency_penalty": 1e308},
+                                {"presence_penalty": 1e308, "frequency_penalty": -1e308}])
+def test_extreme_penalties_keep_logits_finite(kw):
+    """Any finite penalty is defined: a penalized logit past float32's range becomes its largest
+    finite value of that sign (in float32 a tiny repeat_penalty was 0 and a huge frequency
+    penalty inf, so the row turned into inf and NaN); an inf or NaN logit is left as it was."""
+    x = np.array([2.0, -2.0, 1.0, 0.5, 0.0, 3.0], np.float32)
+    history = [0, 1, 1, 3, 4]
+    y = sampler(6, **kw).adjusted(x, history)
+    assert np.isfinite(y).all()
+    assert np.array_equal(y[[2, 5]], x[[2, 5]])  # not in the history
+    big = float(np.finfo(np.float32).max)
+    if kw == {"repeat_penalty": 1e-300}:
+        assert y[0] == y[3] == big and -1e-30 < y[1] <= 0.0 and y[4] == 0.0
+    if kw == {"frequency_penalty": -1e308}:
+        assert (y[[0, 1, 3, 4]] == big).all()
+    assert sampler(6, temperature=0, **kw).sample(x, history) in range(6)
+    assert sampler(6, temperature=0.7, seed=1, **kw).sample(x, history) in range(6)
+    z = np.array([np.inf, -np.inf, np.nan, 1.0, 0.0, 3.0], np.float32)
+    w = sampler(6, **kw).adjusted(z, [0, 1, 2, 3])
+    assert w[0] == np.inf and w[1] == -np.inf and np.isnan(w[2]) and np.isfinite(w[3])
+
+
 def test_penalties_change_the_greedy_choice():
     x = np.array([1.0, 0.9, 0.0], np.float32)
     assert sampler(3, temperature=0).sample(x, [0]) == 0

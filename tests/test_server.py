@@ -218,6 +218,11 @@ def test_tool_calls(client):
     for kw, field in (({"tools": [{"type": "function"}]}, "tools"),
                       ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
                        "tool_choice"),
+                      ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": "get_weather"}},
+                       "tool_choice"),
+                      ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": None}}, "tool_choice"),
+                      ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": ["x"]}}},
+                       "tool_choice"),
                       ({"tool_choice": "required"}, "tool_choice")):
         with pytest.raises(openai.BadRequestError) as ei:
             client.chat.completions.create(model="x", messages=ask, max_tokens=4, **kw)
@@ -288,6 +293,25 @@ def test_errors_are_openai_shaped(client, server):
         assert ei.value.body["type"] == "invalid_request_error" and field in ei.value.message
 
     auth = {"Authorization": f"Bearer {KEY}"}
+    # A constraint no text satisfies is refused at once; one the matcher cannot follow (its
+    # automaton past its limit) fails at that token: 400 naming the field, or, once a stream's
+    # status has gone out, its last event.
+    for extra, field, words in (({"guided_regex": "a{1000000000}"}, "guided_regex", "too many"),
+                                ({"grammar": "root ::= x\nx ::= x"}, "grammar", "admits no text"),
+                                ({"response_format": {"type": "json_schema",
+                                                      "json_schema": {"name": "x", "schema": {"$ref": "#"}}}},
+                                 "response_format", "admits no text")):
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.completions.create(model="x", prompt=PROMPT, max_tokens=4, extra_body=extra)
+        assert ei.value.body["param"] == field and words in ei.value.message, ei.value.body
+        r = httpx.post(f"{server}/v1/completions", headers=auth,
+                       json={"prompt": PROMPT, "max_tokens": 4, "stream": True, **extra})
+        if r.status_code == 200:
+            err = json.loads(r.text.strip().split("\n\n")[-1].removeprefix("data: "))["error"]
+        else:
+            err = r.json()["error"]
+            assert r.status_code == 400
+        assert err["param"] == field and words in err["message"] and err["type"] == "invalid_request_error", err
     r = httpx.post(f"{server}/v1/completions", content=b"{not json", headers=auth)
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     for deep in (b"[" * 30000 + b"]" * 30000, b'{"a":' * 10000 + b"1" + b"}" * 10000):
@@ -297,6 +321,16 @@ def test_errors_are_openai_shaped(client, server):
         r = httpx.post(f"{server}/v1/completions", json={"prompt": prompt}, headers=auth)
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.json()
         assert "empty" in r.json()["error"]["message"]
+    # A lone surrogate (valid JSON, not valid Unicode text) in each route's text names that text.
+    for path, body, field in (("/v1/completions", {"prompt": "a\ud800"}, "prompt"),
+                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}]},
+                               "messages"),
+                              ("/tokenize", {"content": "\ud800"}, "content"),
+                              ("/v1/embeddings", {"input": ["ok", "b\udc80"]}, "input")):
+        r = httpx.post(f"{server}{path}", content=json.dumps(body).encode(),  # ASCII: "\\ud800" escapes
+                       headers={**auth, "Content-Type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (path, r.text)
+        assert "lone surrogate" in r.json()["error"]["message"], (path, r.text)
     r = httpx.post(f"{server}/v1/completions", content=b"x" * 70000, headers=auth)
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.get(f"{server}/v1/nothing", headers=auth)

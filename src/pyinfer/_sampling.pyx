@@ -3,7 +3,7 @@
 candidates, exp sums, the top-k / top-p / min-p cut and the draw."""
 
 from libc.float cimport FLT_MAX
-from libc.math cimport INFINITY, log
+from libc.math cimport INFINITY, isfinite, log
 from libc.stdint cimport int32_t, uint32_t
 from libc.string cimport memmove, memset
 
@@ -181,18 +181,26 @@ def top_ids(const float[::1] x, Py_ssize_t k, int32_t[::1] out) -> int:
 
 # ---- penalties and bias
 
-def apply_penalties(float[::1] x, list window, int32_t[::1] counts, float repeat,
-                    float presence, float frequency) -> None:
+cdef inline double _clamp_float(double v) noexcept nogil:
+    """v within float32's finite range (v not NaN)."""
+    return FLT_MAX if v > FLT_MAX else -FLT_MAX if v < -FLT_MAX else v
+
+
+def apply_penalties(float[::1] x, list window, int32_t[::1] counts, double repeat,
+                    double presence, double frequency) -> None:
     """llama.cpp's repetition penalties, in place, for each distinct token in `window`.
 
     A positive logit is divided by `repeat` and a negative one multiplied by it (so the
-    token always becomes less likely), then count * frequency + presence is subtracted.
-    `counts` is zeroed scratch of len(x); it is left zeroed.
+    token becomes less likely when repeat > 1), then count * frequency + presence is
+    subtracted. The arithmetic is in double and a finite logit stays finite: a result past
+    float32's range becomes its largest finite value of that sign, so any finite penalty
+    (1e-300, -1e308) is defined instead of turning the row into infinities. `counts` is
+    zeroed scratch of len(x); it is left zeroed.
     """
     cdef Py_ssize_t n = x.shape[0]
     cdef Py_ssize_t tok
     cdef int32_t c
-    cdef float v
+    cdef double v
     if counts.shape[0] < n:
         raise ValueError("counts is shorter than the row")
     for t in window:
@@ -208,8 +216,10 @@ def apply_penalties(float[::1] x, list window, int32_t[::1] counts, float repeat
             continue
         counts[tok] = 0
         v = x[tok]
-        v = v * repeat if v <= 0 else v / repeat
-        x[tok] = v - (<float>c * frequency + presence)
+        if not isfinite(v):
+            continue  # an inf or NaN logit is the model's to report, not the penalties'
+        v = _clamp_float(v * repeat if v <= 0 else v / repeat)
+        x[tok] = <float>_clamp_float(v - (<double>c * frequency + presence))
 
 
 def apply_bias(float[::1] x, const int32_t[::1] ids, const float[::1] bias) -> None:

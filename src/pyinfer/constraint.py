@@ -104,6 +104,16 @@ class Constraint:
         self._bits = np.empty((self._n_vocab + 31) // 32, np.int32)
         self._buf: np.ndarray | None = None
         self._ninf: np.ndarray | None = None
+        # The first step's mask, computed now (the first allowed() takes it): computing it is
+        # what tells the matcher whether any text can follow.
+        self._fresh_mask = False
+        self.allowed()
+        self._fresh_mask = True
+        if self._m.is_stopped() and not self._m.is_accepting():
+            # Stopped before any text, and the empty text is not in the language either (a rule
+            # that only refers to itself, a character class with nothing in it): a request under
+            # it could only end at once, claiming a reply it never gave.
+            raise ConstraintError(f"the {description} admits no text: no string matches it")
 
     # -- the languages
 
@@ -184,7 +194,9 @@ class Constraint:
         m = self._m
         if m.is_error():
             raise ConstraintError(f"the {self.description} cannot go on: {m.get_error()}")
-        m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        if not self._fresh_mask:
+            m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        self._fresh_mask = False
         return np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)[: self._n_vocab]
 
     def masked(self, logits: np.ndarray) -> np.ndarray:
@@ -199,8 +211,12 @@ class Constraint:
 
     def advance(self, token: int) -> None:
         """The token chosen (one allowed() permitted)."""
+        self._fresh_mask = False  # the state moves on: the next allowed() computes its mask
         if not self._m.consume_token(int(token)):
-            raise ConstraintError(f"token {token} is not allowed by the {self.description}: {self._m.get_error()}")
+            # The matcher's first line says why; the rest is its state and grammar, for its own
+            # developers.
+            why = self._m.get_error().split("\n", 1)[0]
+            raise ConstraintError(f"the {self.description} cannot go on at token {token}: {why}")
 
     @property
     def done(self) -> bool:

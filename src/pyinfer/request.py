@@ -251,7 +251,7 @@ def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
         return []
     if isinstance(stop, str):
         stop = [stop]
-    elif not isinstance(stop, Sequence):
+    elif not isinstance(stop, Sequence) or isinstance(stop, (bytes, bytearray)):
         raise ParameterTypeError(f"stop must be a string or a list of strings, not {type(stop).__name__}")
     if len(stop) > MAX_STOP_STRINGS:
         raise ValueError(f"stop has {len(stop)} strings, more than the {MAX_STOP_STRINGS} allowed")

@@ -409,11 +409,13 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     install_error_handlers(app)
 
     async def submit(prompt: str | list[int], kwargs: dict[str, Any], started: float,
-                     prompt_param: str, body: Mapping[str, Any]) -> RequestHandle:
+                     prompt_param: str, body: Mapping[str, Any]) -> tuple[RequestHandle, str | None]:
+        """The request's handle, and the field its constraint came from (None: no constraint)."""
         constraint, constraint_field = _constraint(body)
         kwargs = {**kwargs, **constraint}
         try:
-            return await run_in_threadpool(lambda: engine.submit(prompt, started=started, **kwargs))
+            handle = await run_in_threadpool(lambda: engine.submit(prompt, started=started, **kwargs))
+            return handle, constraint_field
         except ConstraintError as e:
             raise APIError(400, str(e), param=constraint_field) from None
         except ContextOverflowError as e:
@@ -423,20 +425,25 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                            headers={"Retry-After": str(max(1, round(e.retry_after)))}) from None
         except (TypeError, ValueError) as e:
             field = next((f for f in kwargs if str(e).startswith(f)), None)
-            if field is None and "prompt" in str(e):  # the prompt's own checks (empty, ids out of range)
-                field = prompt_param
+            if field is None and ("prompt" in str(e) or isinstance(e, UnicodeEncodeError)):
+                field = prompt_param  # the prompt's own checks (empty, ids out of range, a lone surrogate)
             raise APIError(400, str(e), param=field) from None
         except RuntimeError as e:  # closed
             raise APIError(503, str(e), type="server_error") from None
 
-    async def result(handle: RequestHandle, request: HTTPRequest) -> Completion:
-        """The whole completion; a client that disconnects before it is done cancels it."""
+    async def result(handle: RequestHandle, request: HTTPRequest, constraint_field: str | None) -> Completion:
+        """The whole completion; a client that disconnects before it is done cancels it. A
+        constraint that fails on the way (a regex the matcher cannot grow its automaton for)
+        is the request's fault: 400, naming the field it came from."""
         task = asyncio.ensure_future(handle.aresult())
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=0.25)
                 if done:
-                    return task.result()
+                    try:
+                        return task.result()
+                    except ConstraintError as e:
+                        raise APIError(400, str(e), param=constraint_field) from None
                 if await request.is_disconnected():
                     handle.cancel()
         finally:
@@ -451,7 +458,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         return openai_types.chat_token_logprobs(tokenizer, ids, list(lps or []))
 
     async def stream(handle: RequestHandle, events: Callable[[CompletionChunk], list[Any]],
-                     final: Callable[[], list[Any]]) -> AsyncIterator[str]:
+                     final: Callable[[], list[Any]], constraint_field: str | None) -> AsyncIterator[str]:
         try:
             async for chunk in handle:
                 for ev in events(chunk):
@@ -459,6 +466,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             for ev in final():
                 yield _sse(ev)
             yield "data: [DONE]\n\n"
+        except ConstraintError as e:  # as in result(), after the status went out: the last event
+            yield APIError(400, str(e), param=constraint_field).event()
         except Exception as e:  # the status has gone out: the error becomes the last event
             yield APIError(500, f"internal error: {e!r}", type="server_error").event()
         finally:
@@ -494,7 +503,11 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         content = body.get("content")
         if not isinstance(content, str):
             raise _bad("content", "content must be a string")
-        ids = tokenizer.tokenize(content, add_bos=_opt_bool(body, "add_special"), special=True)
+        add_bos = _opt_bool(body, "add_special")
+        try:
+            ids = tokenizer.tokenize(content, add_bos=add_bos, special=True)
+        except UnicodeEncodeError as e:  # a lone surrogate
+            raise _bad("content", str(e)) from None
         if _opt_bool(body, "with_pieces"):
             pieces = [{"id": i, "piece": tokenizer.detokenize([i]).decode("utf-8", errors="replace")} for i in ids]
             return JSONResponse({"tokens": pieces})
@@ -517,7 +530,10 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             if isinstance(t, list) and not all(0 <= i < model.n_vocab for i in t):
                 raise _bad("input", f"a token id is outside the vocabulary [0, {model.n_vocab})")
         # Tokenized once here: the engine embeds the ids, and usage counts them.
-        ids = await run_in_threadpool(lambda: [t if isinstance(t, list) else tokenizer.tokenize(t) for t in items])
+        try:
+            ids = await run_in_threadpool(lambda: [t if isinstance(t, list) else tokenizer.tokenize(t) for t in items])
+        except UnicodeEncodeError as e:  # a lone surrogate
+            raise _bad("input", str(e)) from None
         try:
             vecs = await asyncio.wrap_future(engine.embed(ids))
         except ContextOverflowError as e:
@@ -556,7 +572,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         include_usage = _include_usage(body)
         kwargs = {**_sampling(body), "stop": _stop(body), "logprobs": n_lp,
                   "max_tokens": 16 if "max_tokens" not in body else max_tokens}
-        handle = await submit(prompt, kwargs, started, "prompt", body)
+        handle, constraint_field = await submit(prompt, kwargs, started, "prompt", body)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         handle.label = cid  # the live view's name for it
         prompt_text = prompt if isinstance(prompt, str) else ""
@@ -565,7 +581,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             return openai_types.text_completion(cid, created, model_name, text, lp, finish)
 
         if not streamed:
-            c = await result(handle, request)
+            c = await result(handle, request, constraint_field)
             lp = logprobs_of(c.token_ids, c.logprobs, len(prompt_text)) if n_lp is not None else None
             out = shape(c.text, lp, _finish(c.finish_reason))
             out["usage"] = openai_types.usage(c.prompt_tokens, len(c.token_ids), c.timings.cached_tokens)
@@ -595,7 +611,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                 return []
             return [_usage_chunk(cid, "text_completion", created, model_name, handle.request, n_out[0])]
 
-        return sse_response(stream(handle, events, final))
+        return sse_response(stream(handle, events, final, constraint_field))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: HTTPRequest) -> Response:
@@ -633,12 +649,12 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         except (ValueError, ChatTemplateError) as e:
             raise _bad("messages", str(e)) from None
         kwargs = {**_sampling(body), "stop": _stop(body), "logprobs": n_lp, "max_tokens": max_tokens}
-        handle = await submit(ids, kwargs, started, "messages", body)
+        handle, constraint_field = await submit(ids, kwargs, started, "messages", body)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         handle.label = cid
 
         if not streamed:
-            c: Completion = await result(handle, request)
+            c: Completion = await result(handle, request, constraint_field)
             lp = chat_logprobs_of(c.token_ids, c.logprobs) if n_lp is not None else None
             call = parse_tool_call(c.text, spec) if spec is not None else None
             message: openai_types.ChatMessage = {"role": "assistant", "content": c.text}
@@ -698,7 +714,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                 return []
             return [_usage_chunk(cid, "chat.completion.chunk", created, model_name, handle.request, n_out[0])]
 
-        return sse_response(stream(handle, events, final))
+        return sse_response(stream(handle, events, final, constraint_field))
 
     return app
 

@@ -83,8 +83,9 @@ def parse_tools(tools: object, tool_choice: object) -> ToolSpec | None:
         return None
     if tool_choice == "required":
         return ToolSpec(tuple(fns), tuple(names))
-    named = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, Mapping) else None
-    if named is None:
+    fn = tool_choice.get("function") if isinstance(tool_choice, Mapping) else None
+    named = fn.get("name") if isinstance(fn, Mapping) else None
+    if not isinstance(named, str):
         raise ToolError("tool_choice", "tool_choice must be 'none', 'auto', 'required' or "
                                        "{\"type\": \"function\", \"function\": {\"name\": ...}}")
     if named not in names:
