@@ -83,8 +83,9 @@ class SamplingParams:
     temperature: >= 0; 0 is greedy (argmax). top_k: >= 0; 0 keeps the whole vocabulary.
     top_p: in [0, 1]; 1 is off, 0 keeps only the most likely token. min_p: in [0, 1]; 0 is
     off. repeat_penalty: > 0; 1 is off. presence_penalty, frequency_penalty: finite; 0 is
-    off. repeat_last_n: how many of the latest tokens (prompt included) the penalties look
-    at; 0 is off, -1 the whole history. logit_bias: token id -> value added to its logit
+    off (a penalized logit is kept within float32's range, so every such value is defined).
+    repeat_last_n: how many of the latest tokens (prompt included) the penalties look at; 0
+    is off, -1 the whole history. logit_bias: token id -> value added to its logit
     (|bias| <= MAX_LOGIT_BIAS = 1e30, or -inf to ban it). seed: an int >= 0 makes the draws
     reproducible; None takes a fresh random seed for each Sampler. logprobs: None, or how many most likely
     alternatives to report with each token's log-probability (0: the token's own only).
