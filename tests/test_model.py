@@ -3,7 +3,10 @@ reference forward on a synthetic model, KV-cache consistency, and contexts."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,7 @@ import pytest
 from pyinfer import reference
 from pyinfer.gguf import GGMLType, GGUFReader, GGUFWriter
 from pyinfer.model import Model
+from pyinfer.tokenizer import Tokenizer
 
 from _reference import load, text
 
@@ -198,6 +202,53 @@ def test_model_without_a_tokenizer_runs_on_ids(tmp_path, default_model):
     d = Model.load(default_model)
     assert d.tokenizer is d.tokenizer
     assert d.tokenizer.tokenize("Hello") == d.tokenizer.tokenize("Hello") != []
+
+
+def test_background_build_after_its_thread_is_gone():
+    """A process forked while the tokenizer was being built has no builder thread: the result
+    is then built in the caller (a wait on the missing thread would never end)."""
+    from pyinfer.model import _Background
+
+    gate = threading.Event()
+
+    def double(x: int) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            gate.wait()  # the builder thread stays busy until the end of the test
+        return x * 2
+
+    job = _Background(double, 21)
+    job._thread = threading.Thread(target=lambda: None)  # as the fork leaves it: not running
+    job._thread.start()
+    job._thread.join()
+    assert job.result() == 42
+    gate.set()
+    failing = _Background(lambda: 1 / 0)
+    for _ in range(2):
+        with pytest.raises(ZeroDivisionError):
+            failing.result()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_fork_right_after_load_has_a_tokenizer(default_model):
+    """os.fork() at once after Model.load (a server forking its workers): the child's tokenizer
+    works whether or not the parent's build had finished."""
+    m = Model.load(default_model)
+    want = Tokenizer(m.reader.metadata).tokenize("Hello there")
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 if its tokenizer agrees
+        os._exit(0 if m.tokenizer.tokenize("Hello there") == want else 1)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's tokenizer did not come within 60 s")
+    assert m.tokenizer.tokenize("Hello there") == want
 
 
 

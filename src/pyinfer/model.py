@@ -10,8 +10,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 import numpy as np
 
@@ -243,18 +242,33 @@ class Batch:
 
 T = TypeVar("T")
 
-def _in_background(fn: Callable[..., T], *args: Any) -> Future[T]:
-    """fn(*args) on a daemon thread; its result, or the exception it raised, in the future."""
-    future: Future[T] = Future()
+class _Background(Generic[T]):
+    """fn(*args) on a daemon thread; result() waits for its value or raises its exception. In a
+    process forked while it ran, where the thread does not exist, result() runs fn itself. (The
+    outcome is one attribute the thread sets, no lock a fork could leave held.)"""
 
-    def run() -> None:
+    def __init__(self, fn: Callable[..., T], *args: Any) -> None:
+        self._fn, self._args = fn, args
+        self._outcome: tuple[T | None, BaseException | None] | None = None
+        self._thread = threading.Thread(target=self._run, name=f"pyinfer {getattr(fn, '__name__', 'task')}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
         try:
-            future.set_result(fn(*args))
+            self._outcome = (self._fn(*self._args), None)
         except BaseException as e:  # handed to whoever asks for the result
-            future.set_exception(e)
+            self._outcome = (None, e)
 
-    threading.Thread(target=run, name=f"pyinfer {getattr(fn, '__name__', 'task')}", daemon=True).start()
-    return future
+    def result(self) -> T:
+        if self._outcome is None and self._thread.is_alive():
+            self._thread.join()
+        if self._outcome is None:  # forked mid-run: no thread in this process
+            return self._fn(*self._args)
+        value, error = self._outcome
+        if error is not None:
+            raise error
+        return cast(T, value)
 
 
 class Model:
@@ -313,7 +327,7 @@ class Model:
         # The tokenizer is built on another thread while the weights are repacked (which
         # releases the GIL), so that a first request does not wait for it; a model run on ids
         # alone never asks for it, and one that cannot be built fails when asked for.
-        self._tokenizer_build = _in_background(Tokenizer, reader.metadata)
+        self._tokenizer_build = _Background(Tokenizer, reader.metadata)
         self._native = _C.Model(self.config.architecture, self.config.params(), tensors, bool(repack))
         reader.check_unchanged()  # repacking read the whole file: it must be what was validated
         self._chat_template: ChatTemplate | None = None
