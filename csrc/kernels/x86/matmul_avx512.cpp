@@ -297,6 +297,11 @@ PYINFER_INLINE __m512i split_term(__m512i col, const block_q8a* xb) {
   return _mm512_slli_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), col, _mm512_set1_epi32(xb->h4)), 7);
 }
 
+// A Q6_K 32-block's integer sum from its two 16-element halves and their int8 scales.
+PYINFER_INLINE __m512i q6k_isum(__m512i lo, __m512i hi, __m512i sc_lo, __m512i sc_hi) {
+  return _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo), _mm512_mullo_epi32(hi, sc_hi));
+}
+
 // The MT rows' integer sums of 32-block ib, from its eight unsigned quant columns wq: NA chains
 // of dot steps per row (8 / NA steps each, added at the end), the rows' chains interleaved, so
 // that at least four are in flight (vpdpbusd's latency in steps it could issue). Integer sums
@@ -492,8 +497,7 @@ PYINFER_INLINE void q6k_gemv_tile(const uint8_t* group, const block_q8a* x, int6
           else
             hi[k] = _mm512_add_epi32(hi[k], sp);
         }
-        const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(lo[k], k6_scale(gb, 2 * s)),
-                                              _mm512_mullo_epi32(hi[k], k6_scale(gb, 2 * s + 1)));
+        const __m512i isum = q6k_isum(lo[k], hi[k], k6_scale(gb, 2 * s), k6_scale(gb, 2 * s + 1));
         acc = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(xb->d)), _mm512_cvtepi32_ps(isum), acc);
       }
     }
@@ -559,9 +563,7 @@ PYINFER_INLINE void packed_tile_k(int type, const uint8_t* group, const block_q8
           else
             hi = _mm512_add_epi32(hi, sp);
         }
-        const __m512i isum = type != GGML_Q6_K
-                                 ? _mm512_add_epi32(lo, hi)
-                                 : _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo), _mm512_mullo_epi32(hi, sc_hi));
+        const __m512i isum = type != GGML_Q6_K ? _mm512_add_epi32(lo, hi) : q6k_isum(lo, hi, sc_lo, sc_hi);
         const __m512 f = _mm512_mul_ps(ds, _mm512_set1_ps(xb->d));
         acc[c] = _mm512_fmadd_ps(f, _mm512_cvtepi32_ps(isum), acc[c]);
         if (type != GGML_Q6_K && !kMinsAfter) acc_min[c] = _mm512_fnmadd_ps(mn, _mm512_set1_ps(xb->dsum), acc_min[c]);
@@ -676,7 +678,7 @@ PYINFER_INLINE void copied_tile(int type, const uint8_t* units, const block_q8a*
           else
             hi = _mm512_add_epi32(hi, sp);
         }
-        isum[c] = _mm512_add_epi32(_mm512_mullo_epi32(lo, sc_lo), _mm512_mullo_epi32(hi, sc_hi));
+        isum[c] = q6k_isum(lo, hi, sc_lo, sc_hi);
       }
     } else {
       block_dots<MT>(wq, x, nb, ib, packed_quant_bias(type), isum);  // Q4_K, Q5_K: no offset
