@@ -106,8 +106,7 @@ class Constraint:
         self._ninf: np.ndarray | None = None
         # The first step's mask, computed now (the first allowed() takes it): computing it is
         # what tells the matcher whether any text can follow.
-        self._fresh_mask = False
-        self.allowed()
+        self._compute_mask()
         self._fresh_mask = True
         if self._m.is_stopped() and not self._m.is_accepting():
             # Stopped before any text, and the empty text is not in the language either (a rule
@@ -191,13 +190,17 @@ class Constraint:
     def allowed(self) -> np.ndarray:
         """A bool mask over the vocabulary: the tokens that keep the text in the language
         (the end tokens once it is complete)."""
+        if not self._fresh_mask:
+            self._compute_mask()
+        self._fresh_mask = False
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)[: self._n_vocab]
+
+    def _compute_mask(self) -> None:
+        """The current state's mask into the bits."""
         m = self._m
         if m.is_error():
             raise ConstraintError(f"the {self.description} cannot go on: {m.get_error()}")
-        if not self._fresh_mask:
-            m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        self._fresh_mask = False
-        return np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(bool)[: self._n_vocab]
+        m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
 
     def masked(self, logits: np.ndarray) -> np.ndarray:
         """logits with every token allowed() refuses at -inf, in a buffer this constraint

@@ -239,8 +239,8 @@ class Batch:
         return ctxs, np.ascontiguousarray(ids, np.int32), counts
 
 
-
 T = TypeVar("T")
+
 
 class _Background(Generic[T]):
     """fn(*args) on a daemon thread; result() waits for its value or raises its exception. In a
@@ -343,7 +343,8 @@ class Model:
 
     @property
     def tokenizer(self) -> Tokenizer:
-        """Built from the file's metadata on first use (a model can be run on ids without one)."""
+        """Built from the file's metadata beside the load (a model can be run on ids without one:
+        a file with none raises here)."""
         if self._tokenizer is None:
             self._tokenizer = self._tokenizer_build.result()
         return self._tokenizer

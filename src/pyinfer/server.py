@@ -506,7 +506,7 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         add_bos = _opt_bool(body, "add_special")
         try:
             ids = tokenizer.tokenize(content, add_bos=add_bos, special=True)
-        except UnicodeEncodeError as e:  # a lone surrogate
+        except ValueError as e:  # a lone surrogate
             raise _bad("content", str(e)) from None
         if _opt_bool(body, "with_pieces"):
             pieces = [{"id": i, "piece": tokenizer.detokenize([i]).decode("utf-8", errors="replace")} for i in ids]
@@ -529,12 +529,10 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         for t in items:
             if isinstance(t, list) and not all(0 <= i < model.n_vocab for i in t):
                 raise _bad("input", f"a token id is outside the vocabulary [0, {model.n_vocab})")
-        # Tokenized once here: the engine embeds the ids, and usage counts them.
         try:
+            # Tokenized once here (a lone surrogate is a ValueError too): the engine embeds the
+            # ids, and usage counts them.
             ids = await run_in_threadpool(lambda: [t if isinstance(t, list) else tokenizer.tokenize(t) for t in items])
-        except UnicodeEncodeError as e:  # a lone surrogate
-            raise _bad("input", str(e)) from None
-        try:
             vecs = await asyncio.wrap_future(engine.embed(ids))
         except ContextOverflowError as e:
             raise APIError(400, str(e), param="input", code="context_length_exceeded") from None
