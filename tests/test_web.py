@@ -463,3 +463,32 @@ def test_a_row_follows_its_request_through_the_queue(default_model):
         assert abs(sum(row["segments"].values()) - tm.total_s * 1e3) < 0.01
         engine.submit("A third", max_tokens=1).result(60)
         assert engine.recent()[0] is second and len(engine.recent()) == 2  # the oldest dropped
+
+
+def test_history_keeps_a_queue_shorter_than_its_interval(default_model):
+    """A request that waits and is admitted between two samples still shows in the next one:
+    running and waiting are the most seen at once in the interval, not the value at its end."""
+    from pyinfer import Engine, Model
+    from pyinfer.live import History
+
+    model = Model.load(default_model, n_ctx=256)
+    with Engine(model, max_batch=1) as engine:
+        history = History(engine, interval=3600)  # its own thread never samples: the test does
+        try:
+            history.sample()
+            first = engine.submit("Once upon a time", max_tokens=24, temperature=0, logit_bias={0: -100, 2: -100})
+            next(first)
+            second = engine.submit("The capital of France is", max_tokens=2, temperature=0)
+            history.peek()
+            assert engine.stats().waiting == 1
+            first.result(60), second.result(60)
+            assert engine.stats().waiting == 0 and engine.stats().running == 0
+            history.sample()
+            history.sample()
+        finally:
+            history.stop()
+        first_s, during, after = list(history.samples)
+        assert (first_s["running"], first_s["waiting"]) == (0, 0)
+        assert (during["running"], during["waiting"]) == (1, 1)
+        assert (after["running"], after["waiting"]) == (0, 0)  # the peaks start again each sample
+        assert during["tokens_per_s"] > 0 and after["tokens_per_s"] == 0
