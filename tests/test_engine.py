@@ -34,6 +34,21 @@ def scheduler_held(engine: Engine):
         fut.result(10)
 
 
+def between_steps(engine: Engine, probe) -> None:
+    """Run probe() on the scheduler thread before each of its steps (as a job of its queue)
+    until it returns True: it sees the engine's state as one step left it, however slowly
+    the test's own thread runs."""
+
+    def job() -> None:
+        if not probe():
+            with engine._cond:
+                engine._jobs.append((job, Future()))
+
+    with engine._cond:
+        engine._jobs.append((job, Future()))
+        engine._cond.notify_all()
+
+
 PROMPTS = [
     "The capital of France is",
     "Once upon a time, in a small village by the sea, there lived an old fisherman who",
@@ -112,13 +127,21 @@ def test_cancel_frees_the_kv_reservation_within_a_step(model):
         next(h)
         st = e.stats()
         assert st.running == 1 and st.context_bytes_in_use == e.context_bytes_for(h.n_ctx) > 0
-        threading.Thread(target=h.cancel).start()  # from another thread
-        steps_at_cancel = e.stats().steps
+        at_cancel: list[int] = []
+
+        def cancel() -> None:
+            h.cancel()
+            # Read after the cancel: the step running then ends, and the next one drops it.
+            at_cancel.append(e.stats().steps)
+
+        canceller = threading.Thread(target=cancel)  # from another thread
+        canceller.start()
         rest = list(h)
+        canceller.join(10)
         after = e.stats()
         assert rest[-1].finish_reason == "cancelled"
         assert after.context_bytes_in_use == 0 and after.running == 0
-        assert after.steps - steps_at_cancel <= 2
+        assert after.steps - at_cancel[0] <= 2
         assert h.result().finish_reason == "cancelled" and len(h.result().token_ids) < 400
 
         async def cancel_in_loop():
@@ -136,7 +159,10 @@ def test_admission_waits_for_memory_and_a_full_queue_is_refused(model):
     with Engine(model) as probe:
         one = probe.context_bytes_for(256)  # a short request's reservation
     with Engine(model, kv_budget_bytes=one + one // 2, max_queue=1) as e:
-        a = e.submit(PROMPTS[0], max_tokens=200, temperature=0)
+        # a runs to its max_tokens (its end-of-turn tokens banned; greedy, it ends in about
+        # 30), so b waits for it however slowly this thread goes on.
+        banned = {t: float("-inf") for t in model.tokenizer.eot_ids}
+        a = e.submit(PROMPTS[0], max_tokens=200, temperature=0, logit_bias=banned)
         next(a)  # admitted and running
         b = e.submit(PROMPTS[3], max_tokens=5, temperature=0)
         with pytest.raises(OverloadedError, match="max_queue = 1") as ei:
@@ -168,8 +194,13 @@ def test_a_reservation_is_the_kv_cache_and_the_step_scratch_is_shared(model):
         a = e.submit(PROMPTS[0], max_tokens=200, temperature=0, logit_bias=banned)
         next(a)
         b = e.submit(PROMPTS[3], max_tokens=5, temperature=0)
-        time.sleep(0.2)  # several scheduler steps: b stays queued
-        st = e.stats()
+        seen: list = []
+        # Five scheduler steps after b's submission, counted by the scheduler itself: b stays queued.
+        between_steps(e, lambda: len(seen) == 5 or bool(seen.append(e.stats())))
+        deadline = time.monotonic() + 60
+        while len(seen) < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        st = seen[-1]
         assert st.running == 1 and st.waiting == 1
         assert st.context_bytes_in_use == need and st.context_budget_bytes == need + need // 2
         a.cancel()
@@ -320,20 +351,30 @@ def test_a_waiting_sequence_goes_on_when_its_lender_is_cancelled(model):
     document = " ".join([SYSTEM] * 3)
     p = document + QUESTIONS[3]
     want = model.generate(p, max_tokens=4, temperature=0)
+    seen: list = []
+
+    def cancel_the_lender_on_its_way() -> bool:
+        # Between two steps on the scheduler thread: once a holds two blocks of the prefix
+        # (8 tokens a step), b waits on it as its lender; a is cancelled there.
+        running = {s.handle: s for s in e._running}
+        if b not in running or running[a].prefill_at < 32:
+            return False
+        borrower = running[b]
+        seen.append((borrower, borrower.lender, running[a].prefill_at, a.prefilled))
+        a.cancel()
+        return True
+
     with Engine(model, max_batch=4, token_budget=8) as e:
         with scheduler_held(e):
             a = e.submit(document + QUESTIONS[0], max_tokens=50, temperature=0)
             b = e.submit(p, max_tokens=4, temperature=0)
-        deadline = time.monotonic() + 30
-        while b.admitted is None and time.monotonic() < deadline:
-            time.sleep(0.001)
-        borrower = next(s for s in list(e._running) if s.handle is b)
-        assert borrower.lender is not None and borrower.lender.handle is a and a.prefilled is None
-        a.cancel()
+            between_steps(e, cancel_the_lender_on_its_way)
         got = b.result(60)
+    borrower, lender, lender_at, prefilled = seen[0]
+    assert lender is not None and lender.handle is a and prefilled is None and lender_at < borrower.lend_n
     assert outputs([got]) == outputs([want])
     t = got.timings
-    assert t.prompt_tokens + t.cached_tokens == got.prompt_tokens and t.cached_tokens < borrower.lend_n
+    assert t.prompt_tokens + t.cached_tokens == got.prompt_tokens and 0 < t.cached_tokens < borrower.lend_n
 
 
 def test_a_short_prompt_is_not_held_behind_a_long_ones_chunks(model):

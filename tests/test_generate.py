@@ -390,19 +390,23 @@ def test_cancel_during_prefill_stops_after_the_running_chunk(run):
 
 def test_cancel_from_a_thread_while_a_slow_model_runs(run):
     token = CancelToken()
+    decoding = threading.Event()
 
     def slow(ctx) -> None:
+        if len(ctx.evals) == 3:  # the prompt and two tokens evaluated: it is decoding
+            decoding.set()
         time.sleep(0.02)
 
     result: list[Completion] = []
     worker = threading.Thread(
         target=lambda: result.append(run("a" * 200, cancel=token, on_eval=slow)[0])
     )
-    t = time.perf_counter()
     worker.start()
-    time.sleep(0.1)
+    assert decoding.wait(30)
+    t = time.perf_counter()
     token.cancel()
     worker.join(5)
+    # Stopped within a step or so (0.02 s each), not after the 200 tokens (4 s).
     assert not worker.is_alive() and time.perf_counter() - t < 1.0
     assert result[0].finish_reason == "cancelled" and 0 < len(result[0].text) < 200
 

@@ -456,7 +456,10 @@ def test_overload_answers_503_and_the_server_keeps_serving(model):
     engine = Engine(model, kv_budget_bytes=one + one // 2, max_queue=1)
     app = create_app(engine, model_name="m")
     with TestClient(app) as tc:
-        a = engine.submit(PROMPT, max_tokens=200, temperature=0)
+        # a runs to its max_tokens (end-of-turn tokens banned; greedy, it ends in about 30),
+        # so b is still queued when the request below arrives, however slowly it is served.
+        banned = {t: float("-inf") for t in model.tokenizer.eot_ids}
+        a = engine.submit(PROMPT, max_tokens=200, temperature=0, logit_bias=banned)
         next(a)  # running, holding the whole budget
         b = engine.submit(PROMPT, max_tokens=4, temperature=0)  # queued
         r = tc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4})

@@ -348,6 +348,9 @@ class Engine:
         self._predicted_total = 0
         self._cached_total = 0
         self._prefix_hits = 0
+        # (running, waiting): the most at once since peaks() last read them, raised where each
+        # count grows, so a queue that forms and drains between two reads is still seen.
+        self._peaks = (0, 0)
         self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()  # run between steps
         self._recent: deque[RequestHandle] = deque(maxlen=_positive("recent", recent))
         self._thread = threading.Thread(target=self._loop, name="pyinfer-engine", daemon=True)
@@ -434,6 +437,7 @@ class Engine:
                     retry_after=1.0,
                 )
             self._waiting.append(handle)
+            self._raise_peaks()
             self._recent.append(handle)
             self._cond.notify()
         return handle
@@ -477,6 +481,20 @@ class Engine:
                 prefix_hits=self._prefix_hits,
                 batch_scratch_bytes=self._batch.nbytes,
             )
+
+    def peaks(self) -> tuple[int, int]:
+        """(running, waiting): the most sequences running and requests waiting at once since
+        the last call (or the engine's start), counted as the engine changes them, not
+        sampled; the next call's count starts from the counts now. For one reader (the live
+        view's History)."""
+        with self._cond:
+            peaks = self._peaks
+            self._peaks = (len(self._running), len(self._waiting))
+            return peaks
+
+    def _raise_peaks(self) -> None:
+        """Fold the counts now into the peaks (with self._cond held)."""
+        self._peaks = (max(self._peaks[0], len(self._running)), max(self._peaks[1], len(self._waiting)))
 
     def recent(self) -> list[RequestHandle]:
         """The latest submitted requests (up to `recent` of them), oldest first: waiting,
@@ -729,6 +747,7 @@ class Engine:
             tm.queue_s += h.admitted - h.submitted
             with self._cond:
                 self._running.append(_Seq(h, ctx, cached, lender, lend_n))
+                self._raise_peaks()
 
     def _sample(self, s: _Seq, logits: np.ndarray, eval_s: float) -> None:
         try:

@@ -49,44 +49,37 @@ def is_public(path: str) -> bool:
 
 class History:
     """The engine's gauges sampled every `interval` seconds (by a daemon thread, until the
-    engine closes), the last `keep` samples kept. Running and waiting are the most seen at
-    once in the interval (read every `interval / ticks` seconds), so a queue shorter than
-    the interval still shows. Aggregate tokens/s is the rate of the decode rows
-    (pyinfer:decode_rows_total: one token each) between two samples."""
+    engine closes), the last `keep` samples kept. Running and waiting are the most at once in
+    the interval, as the engine counts them (Engine.peaks: raised when a request queues or is
+    admitted), so a queue shorter than the interval still shows however late a sample comes.
+    Aggregate tokens/s is the rate of the decode rows (pyinfer:decode_rows_total: one token
+    each) between two samples."""
 
-    def __init__(self, engine: Engine, interval: float = 0.5, keep: int = 600, ticks: int = 5) -> None:
+    def __init__(self, engine: Engine, interval: float = 0.5, keep: int = 600) -> None:
         self.engine = engine
         self.interval = interval
-        self.ticks = max(1, ticks)
         self.samples: deque[dict[str, Any]] = deque(maxlen=keep)
         self._lock = threading.Lock()
         self._n = 0
         self._prev: tuple[float, int] | None = None
-        self._peak = (0, 0)  # (running, waiting): the most seen since the last sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pyinfer-live", daemon=True)
         self._thread.start()
 
-    def peek(self) -> None:
-        """Fold the engine's running and waiting counts now into the interval's peaks."""
-        st = self.engine.stats()
-        with self._lock:
-            self._peak = (max(self._peak[0], st.running), max(self._peak[1], st.waiting))
-
     def sample(self) -> None:
         st = self.engine.stats()
+        running, waiting = self.engine.peaks()
         t = time.perf_counter()
         rate = 0.0
         if self._prev is not None and t > self._prev[0]:
             rate = (st.decode_rows - self._prev[1]) / (t - self._prev[0])
         self._prev = (t, st.decode_rows)
         with self._lock:
-            running, waiting = max(self._peak[0], st.running), max(self._peak[1], st.waiting)
-            self._peak = (0, 0)
             self._n += 1
-            self.samples.append({"n": self._n, "t": t, "running": running, "waiting": waiting,
-                                 "batch_size": st.batch_size, "kv_in_use": st.context_bytes_in_use,
-                                 "kv_idle": st.context_bytes_idle, "tokens_per_s": rate})
+            self.samples.append({"n": self._n, "t": t, "running": max(running, st.running),
+                                 "waiting": max(waiting, st.waiting), "batch_size": st.batch_size,
+                                 "kv_in_use": st.context_bytes_in_use, "kv_idle": st.context_bytes_idle,
+                                 "tokens_per_s": rate})
 
     def since(self, n: int, now: float) -> list[dict[str, Any]]:
         """Samples after the n-th, their time as seconds before now."""
@@ -97,13 +90,8 @@ class History:
         self._stop.set()
 
     def _run(self) -> None:
-        tick = 0
-        while not self.engine.closed and not self._stop.wait(self.interval / self.ticks):
-            tick += 1
-            if tick % self.ticks:
-                self.peek()
-            else:
-                self.sample()
+        while not self.engine.closed and not self._stop.wait(self.interval):
+            self.sample()
 
 
 def request_row(h: RequestHandle, now: float) -> dict[str, Any]:
