@@ -847,3 +847,72 @@ def test_parameters_and_accessors(default_model, llm):
     assert again.n_ctx() == llm.n_ctx() and again is not llm
     assert again("The capital of France is", max_tokens=4, temperature=0)["choices"][0]["text"] == llm(
         "The capital of France is", max_tokens=4, temperature=0)["choices"][0]["text"]
+
+
+def test_calls_from_several_threads_take_turns(default_model):
+    """One Llama shared by threads (a thread-pool web handler, say): completions, chats and
+    token-level generate() run one at a time on its context, each with the result it has
+    alone, and a stream read in one thread while others call gives the same chunks."""
+    import threading
+
+    llm = Llama(model_path=str(default_model), n_ctx=N_CTX, verbose=False)
+    prompts = [PLANETS, "The capital of France is", "def fibonacci(n):", "Once upon a time"]
+    chat = [{"role": "user", "content": "Name a color."}]
+    alone = [llm(p, max_tokens=12, temperature=0)["choices"][0]["text"] for p in prompts]
+    chat_alone = llm.create_chat_completion(chat, max_tokens=8, temperature=0)["choices"][0]["message"]["content"]
+    ids = llm.tokenize(b"One, two, three,")
+    gen = llm.generate(ids, temp=0)
+    tokens_alone = [next(gen) for _ in range(6)]
+    gen.close()
+    streamed_alone = "".join(c["choices"][0]["text"] for c in llm(prompts[0], max_tokens=12, temperature=0, stream=True))
+    assert streamed_alone == alone[0]
+
+    got: dict[tuple[str, int], object] = {}
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def work(kind: str) -> None:
+        try:
+            start.wait(10)
+            for r in range(6):
+                if kind == "completion":
+                    got[kind, r] = [llm(p, max_tokens=12, temperature=0)["choices"][0]["text"] for p in prompts]
+                elif kind == "chat":
+                    out = llm.create_chat_completion(chat, max_tokens=8, temperature=0)
+                    got[kind, r] = out["choices"][0]["message"]["content"]
+                elif kind == "generate":
+                    g = llm.generate(ids, temp=0)
+                    got[kind, r] = [next(g) for _ in range(6)]
+                    g.close()
+                else:  # a plain call between two of another thread's stream items ends that stream
+                    parts = [c["choices"][0]["text"] for c in llm(prompts[0], max_tokens=12, temperature=0,
+                                                                   stream=True)]
+                    got[kind, r] = "".join(parts)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in ("completion", "chat", "generate", "stream")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    for r in range(6):
+        assert got["completion", r] == alone
+        assert got["chat", r] == chat_alone
+        assert got["generate", r] == tokens_alone
+        # A stream another thread's call ended is a prefix of the full text; none is longer.
+        assert alone[0].startswith(got["stream", r]), (got["stream", r], alone[0])
+
+
+def test_generate_goes_on_after_another_call_used_the_context(llm):
+    ids = llm.tokenize(b"One, two, three,")
+    g = llm.generate(ids, temp=0)
+    alone = [next(g) for _ in range(6)]
+    g.close()
+    g = llm.generate(ids, temp=0)
+    got = [next(g) for _ in range(3)]
+    llm("The capital of France is", max_tokens=4, temperature=0)  # the context now holds another sequence
+    llm.reset()
+    got += [next(g) for _ in range(3)]
+    assert got == alone

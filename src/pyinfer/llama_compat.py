@@ -67,7 +67,10 @@ Where it differs (pyinfer runs on CPUs only, and some features are not implement
   `model_params` show the settings as llama-cpp-python's objects do; a Llama pickles as its
   constructor's arguments.
 - The object has one context, so a call made while a stream is still open ends that stream
-  (llama-cpp-python lets both go on evaluating into the same context).
+  (llama-cpp-python lets both go on evaluating into the same context). Calls from several
+  threads take turns (a lock per object; a stream or generate() holds it for each item, not
+  between them), where llama-cpp-python's race on the shared context. For requests served
+  side by side, use pyinfer.Engine (or `pyinfer serve`).
 - `create_embedding` and `embed` pool the final hidden states by their mean (Model.embed);
   `embedding=True` is accepted and not needed.
 - `logits_processor` / `stopping_criteria` (LogitsProcessorList, StoppingCriteriaList, or
@@ -82,17 +85,19 @@ Where it differs (pyinfer runs on CPUs only, and some features are not implement
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 import secrets
 import sys
+import threading
 import time
 import uuid
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, ParamSpec, TypeVar, Union
 
 import numpy as np
 
@@ -502,6 +507,59 @@ class _Sequence:
         self.n_past = 0
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _one_at_a_time(method: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A Llama method run under the object's lock: the context and its token and logit rows
+    are shared state, so calls from several threads take turns (re-entrant: the methods call
+    one another)."""
+
+    @functools.wraps(method)
+    def locked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with args[0]._lock:  # type: ignore[attr-defined]
+            return method(*args, **kwargs)
+
+    return locked
+
+
+def _in_turns(method: Callable[_P, Iterator[_R]]) -> Callable[_P, Iterator[_R]]:
+    """A Llama generator method whose items are each made under the object's lock (_Turns)."""
+
+    @functools.wraps(method)
+    def turns(*args: _P.args, **kwargs: _P.kwargs) -> Iterator[_R]:
+        return _Turns(args[0]._lock, method(*args, **kwargs))  # type: ignore[attr-defined]
+
+    return turns
+
+
+class _Turns(Iterator[_R]):
+    """An iterator over a Llama's context (a stream, generate()'s tokens) that takes the
+    object's lock for each item: another thread's call runs between two items, and ends the
+    iterator where it ends a stream (close(), also under the lock)."""
+
+    def __init__(self, lock: threading.RLock, inner: Iterator[_R]) -> None:
+        self._lock = lock
+        self._inner: Iterator[_R] | None = inner
+
+    def __next__(self) -> _R:
+        with self._lock:
+            if self._inner is None:
+                raise StopIteration
+            try:
+                return next(self._inner)
+            except BaseException:
+                self._inner = None  # ended or failed: later calls stop
+                raise
+
+    def close(self) -> None:
+        with self._lock:
+            inner, self._inner = self._inner, None
+            if inner is not None:
+                inner.close()  # type: ignore[attr-defined]
+
+
 class Llama:
     """A GGUF model and one context on it, with llama-cpp-python's `Llama` interface.
 
@@ -534,6 +592,7 @@ class Llama:
         pyinfer's own keywords: precision ("fast" or "exact"), kv_dtype ("float32",
         "float16" or "q8_0"). Other llama-cpp-python keywords: see IGNORED_KWARGS / UNSUPPORTED_KWARGS.
         """
+        self._lock = threading.RLock()  # calls from several threads take turns (_one_at_a_time)
         t0 = time.perf_counter()
         # Pickling a Llama (llama-cpp-python's __getstate__) loads it again from these.
         self._init_kwargs: dict[str, Any] = dict(
@@ -809,6 +868,7 @@ class Llama:
 
     # -- the context --
 
+    @_one_at_a_time
     def set_seed(self, seed: int) -> None:
         """The seed of the next completion that passes none (-1 or LLAMA_DEFAULT_SEED: random)."""
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
@@ -836,6 +896,7 @@ class Llama:
             stream, self._stream = self._stream, None
             stream.close()  # type: ignore[attr-defined]
 
+    @_one_at_a_time
     def reset(self) -> None:
         """Empty the context (n_tokens = 0)."""
         self._close_stream()
@@ -843,6 +904,7 @@ class Llama:
         if self._ctx_obj is not None:
             self._ctx_obj.reset()
 
+    @_one_at_a_time
     def eval(self, tokens: Sequence[int]) -> None:
         """Evaluate tokens at positions n_tokens.. (a caller may lower n_tokens to rewind),
         storing them in input_ids and their logits in scores (every row with logits_all,
@@ -891,6 +953,7 @@ class Llama:
 
     # -- token-level generation and state
 
+    @_one_at_a_time
     def sample(self, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05, typical_p: float = 1.0,
                temp: float = 0.80, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
                presence_penalty: float = 0.0, tfs_z: float = 1.0, mirostat_mode: int = 0,
@@ -916,6 +979,7 @@ class Llama:
                                 seed=None if greedy else self._call_seed(None))
         return Sampler(params, self.n_vocab()).sample(row, hist.tolist())
 
+    @_in_turns
     def generate(self, tokens: Sequence[int], top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  typical_p: float = 1.0, temp: float = 0.80, repeat_penalty: float = 1.0, reset: bool = True,
                  frequency_penalty: float = 0.0, presence_penalty: float = 0.0, tfs_z: float = 1.0,
@@ -924,7 +988,9 @@ class Llama:
                  grammar: Any = None) -> Iterator[int]:
         """Evaluate tokens, then sample and yield one token at a time for ever (the caller
         stops: a context that fills raises ContextOverflowError). With reset, the context
-        keeps the longest common prefix of what it holds and tokens, evaluating the rest."""
+        keeps the longest common prefix of what it holds and tokens, evaluating the rest. A
+        call in between two tokens (from any thread) does not change what comes next: the
+        generator's sequence is evaluated again where the other call changed the context."""
         self._need_model("generate")
         ids = _token_list(tokens, "tokens")
         stopping = _hook_list(stopping_criteria, StoppingCriteriaList, "stopping_criteria")
@@ -933,8 +999,15 @@ class Llama:
             keep = min(common_prefix(self.input_ids[: self.n_tokens], ids), len(ids) - 1)
             self.n_tokens = max(keep, 0)
             ids = ids[self.n_tokens:]
+        seq: np.ndarray | None = None  # what the context holds after this generator's last step
         while True:
+            if seq is not None and (self.n_tokens != len(seq) or not np.array_equal(self.input_ids[: len(seq)], seq)):
+                # Another call has used the context since the last token: back to the longest
+                # prefix it still shares with this sequence, the rest evaluated again.
+                self.n_tokens = common_prefix(self.input_ids[: self.n_tokens], seq)
+                ids = seq[self.n_tokens :].tolist() + ids
             self.eval(ids)
+            seq = self.input_ids[: self.n_tokens].copy()
             tok = self.sample(top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p, temp=temp,
                               repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                               presence_penalty=presence_penalty, mirostat_mode=mirostat_mode,
@@ -945,6 +1018,7 @@ class Llama:
             yield tok
             ids = [tok]
 
+    @_one_at_a_time
     def save_state(self) -> LlamaState:
         """The sequence now (tokens, logits rows kept, the seed chain, the KV cache)."""
         self._close_stream()
@@ -956,6 +1030,7 @@ class Llama:
             kv.copy_prefix(self._context, n)
         return LlamaState(self.input_ids[:n].copy(), rows, n, self._seed, self.model_path, kv)
 
+    @_one_at_a_time
     def load_state(self, state: LlamaState) -> None:
         """Continue from a saved state (of a Llama of the same model file): its tokens are
         evaluated into this context."""
@@ -989,6 +1064,7 @@ class Llama:
         """log-softmax along axis, in float32 like llama-cpp-python."""
         return log_softmax(logits, axis)
 
+    @_one_at_a_time
     def close(self) -> None:
         """End an open stream and empty the context."""
         self._close_stream()
@@ -1066,6 +1142,7 @@ class Llama:
                 )
         return out
 
+    @_one_at_a_time
     def create_completion(
         self,
         prompt: str | list[int],
@@ -1209,7 +1286,7 @@ class Llama:
             return openai_types.text_completion(cid, created, name, text, lp, finish)
 
         if stream:
-            it = self._stream_completion(chunks, ids, prompt_text, bool(echo), logprobs, shape)
+            it = _Turns(self._lock, self._stream_completion(chunks, ids, prompt_text, bool(echo), logprobs, shape))
             self._stream = it
             return it
 
@@ -1306,6 +1383,7 @@ class Llama:
 
     # -- chat --
 
+    @_one_at_a_time
     def create_chat_completion(
         self,
         messages: list[dict[str, Any]],
@@ -1413,6 +1491,6 @@ class Llama:
                 out["choices"][0]["finish_reason"] = "tool_calls"
             return out
         assert not isinstance(result, dict)
-        it = openai_types.chat_chunks(result)
+        it = _Turns(self._lock, openai_types.chat_chunks(result))
         self._stream = it
         return it
