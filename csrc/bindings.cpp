@@ -5,9 +5,12 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -27,6 +30,49 @@ namespace py = pybind11;
 using namespace pyinfer;
 
 namespace {
+
+// The interpreter's main thread, which runs its finalization at exit (set at import).
+unsigned long main_thread_ident = 0;
+// Set by an atexit hook, before the interpreter begins to finalize.
+std::atomic<bool> exiting{false};
+// Calls that have released the GIL and not yet taken it back.
+std::atomic<int> calls_out{0};
+
+// The GIL released for a call into the kernels. A daemon thread that takes it back once the
+// interpreter is finalizing is ended by the interpreter from inside this destructor, which
+// C++ answers with std::terminate (an abort at exit). So once the atexit hook has run, a
+// thread other than the main one returning from a kernel waits here, holding nothing, until
+// the process exits; and the hook lets those already waiting for the GIL take it first.
+class GilReleased {
+ public:
+  GilReleased() {
+    calls_out.fetch_add(1, std::memory_order_relaxed);
+    state_ = PyEval_SaveThread();
+  }
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+  ~GilReleased() {
+    if (exiting.load(std::memory_order_acquire) && PyThread_get_thread_ident() != main_thread_ident) {
+      calls_out.fetch_sub(1, std::memory_order_release);
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+    PyEval_RestoreThread(state_);
+    calls_out.fetch_sub(1, std::memory_order_release);
+  }
+
+ private:
+  PyThreadState* state_ = nullptr;
+};
+
+// The atexit hook (with the GIL): from now on threads returning from kernels wait (above);
+// then, for up to 200 ms with the GIL released, those already waiting to take it back do so
+// and return to Python, where the interpreter can end them at finalization.
+void before_exit() {
+  exiting.store(true, std::memory_order_release);
+  py::gil_scoped_release release;
+  for (int i = 0; i < 200 && calls_out.load(std::memory_order_acquire) > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
 
 py::dict cpu_info() {
   const CpuFeatures& f = cpu_features();
@@ -107,7 +153,7 @@ py::array_t<float> dequantize(uint32_t type, py::array_t<uint8_t, py::array::c_s
   const void* src = raw.data();
   float* dst = out.mutable_data();
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     dequantize_row(type, src, dst, n);
   }
   return out;
@@ -125,7 +171,7 @@ py::dict bandwidth_dict(const BandwidthResult& r) {
 py::dict read_bandwidth(size_t n_bytes, int n_threads, int repeats) {
   BandwidthResult r;
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     r = measure_read_bandwidth(n_bytes, n_threads, repeats);
   }
   return bandwidth_dict(r);
@@ -135,7 +181,7 @@ double int8_peak_py(double min_seconds) {
   if (!(min_seconds > 0 && min_seconds < 60)) throw py::value_error("min_seconds must be in (0, 60)");
   double r;
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     r = int8_peak_rate(min_seconds);
   }
   if (r <= 0)
@@ -150,7 +196,7 @@ py::dict stream_bandwidth(const std::string& kernel, size_t n_bytes, int n_threa
   const StreamKernel k = kernel == "copy" ? StreamKernel::copy : StreamKernel::triad;
   BandwidthResult r;
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     r = measure_stream_bandwidth(k, n_bytes, n_threads, repeats);
   }
   return bandwidth_dict(r);
@@ -214,7 +260,7 @@ py::array_t<float> matmul_py(py::array x, py::array w, uint32_t w_type, int64_t 
   const void* wp = w.data();
   float* yp = y.mutable_data();
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     if (packed)
       matmul_packed(xp, M, k, wp, w_type, n, yp, p, n_threads);
     else
@@ -253,7 +299,7 @@ py::array_t<float> matmul_parts_py(py::array x,
     at += n;
   }
   {
-    py::gil_scoped_release release;  // matmul_parts refuses a part without a kernel of its own
+    GilReleased release;  // matmul_parts refuses a part without a kernel of its own
     matmul_parts(static_cast<const float*>(x.data()), M, k, mp.data(), static_cast<int>(mp.size()), p, n_threads);
   }
   return y;
@@ -314,7 +360,7 @@ py::array_t<float> rms_norm_py(py::array x, py::array w, float eps, std::optiona
   const float* wp = static_cast<const float*>(w.data());
   float* yp = y.mutable_data();
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     rms_norm_rows(xp, wp, yp, rows, n, eps);
   }
   return y;
@@ -361,7 +407,7 @@ py::array rope_py(py::array x, py::object pos, int64_t n_heads, int64_t head_dim
     if (p < 0) throw py::value_error("positions must be >= 0, got " + std::to_string(p));
   float* xp = static_cast<float*>(x.mutable_data());
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     std::vector<float> cos_sin(static_cast<size_t>(m * head_dim));
     rope_table(positions.data(), m, head_dim, freqs, cos_sin.data());
     rope_rows(xp, m, width, n_heads, head_dim, cos_sin.data(), neox);
@@ -384,7 +430,7 @@ py::array_t<float> binary_py(py::array a, py::array b, std::optional<py::array> 
   float* yp = y.mutable_data();
   const int64_t n = a.size();
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     fn(ap, bp, yp, n);
   }
   return y;
@@ -397,7 +443,7 @@ py::array_t<float> softmax_py(py::array x, std::optional<py::array> out) {
   const float* xp = static_cast<const float*>(x.data());
   float* yp = y.mutable_data();
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     softmax_rows(xp, yp, rows, n);
   }
   return y;
@@ -432,7 +478,7 @@ py::array_t<float> embedding_py(py::array table, uint32_t type, py::object ids, 
   float* yp = y.mutable_data();
   const int64_t n_rows = table.nbytes() / row_bytes;
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     embedding(tp, type, n_rows, dim, ip, n_ids, yp);
   }
   return y;
@@ -471,7 +517,7 @@ void kv_append_py(KVCache& c, int64_t layer, py::array k, py::array v, int64_t p
   if (kv_rows(v, "v", width) != m) throw py::value_error("k and v must have the same number of rows");
   const float* kp = static_cast<const float*>(k.data());
   const float* vp = static_cast<const float*>(v.data());
-  py::gil_scoped_release release;
+  GilReleased release;
   c.append(layer, kp, width, vp, width, pos, m);
 }
 
@@ -526,7 +572,7 @@ py::array_t<float> attention_py(py::array q, const KVCache& cache, int64_t layer
   a.window = window;
   attention_check(a);  // throws std::invalid_argument -> ValueError, with the GIL held
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     attention(a, n_threads);
   }
   return y;
@@ -546,7 +592,7 @@ py::array_t<uint8_t> repack_py(py::array w, uint32_t w_type, int64_t n, int64_t 
   const void* src = w.data();
   void* dst = out.mutable_data();
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     repack16(src, w_type, n, k, dst);
   }
   return out;
@@ -564,7 +610,7 @@ py::array_t<uint8_t> unpack_py(py::array packed, uint32_t w_type, int64_t n, int
   const void* src = packed.data();
   void* dst = out.mutable_data();
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     unpack16(src, w_type, n, k, dst);
   }
   return out;
@@ -587,7 +633,7 @@ py::tuple quantize_activations_py(py::array x) {
   int8_t* hp = h.mutable_data();
   int32_t* jp = jo.mutable_data();
   {
-    py::gil_scoped_release release;
+    GilReleased release;
     quantize_activations(xp, M, K, qp, dp, sp, hp, jp);
   }
   return py::make_tuple(q, d, sum, h, jo);
@@ -627,7 +673,7 @@ PyModel make_model_py(const std::string& arch, const py::dict& params, const py:
     map.add(name, WeightRef{a.data(), type, rows, cols});
   }
   {
-    py::gil_scoped_release release;  // repacking reads the whole file
+    GilReleased release;  // repacking reads the whole file
     out.model = make_model(arch, p, map, repack);
   }
   return out;
@@ -649,7 +695,7 @@ void sequence_run_py(Sequence& ctx, py::array ids, py::array out, bool all_rows,
   const Precision m = parse_precision(precision);
   const auto* p_ids = static_cast<const int32_t*>(ids.data());
   auto* p_out = static_cast<float*>(out.mutable_data());
-  py::gil_scoped_release release;
+  GilReleased release;
   if (hidden)
     ctx.embed(p_ids, n, p_out, all_rows, m, n_threads);
   else
@@ -683,7 +729,7 @@ void batch_run_py(Batch& batch, const std::vector<Sequence*>& contexts, py::arra
   const Precision m = parse_precision(precision);
   const auto* p_ids = static_cast<const int32_t*>(ids.data());
   auto* p_out = static_cast<float*>(out.mutable_data());
-  py::gil_scoped_release release;
+  GilReleased release;
   if (hidden)
     batch.embed(contexts.data(), p_ids, p_counts, n, p_out, m, n_threads);
   else
@@ -694,6 +740,8 @@ void batch_run_py(Batch& batch, const std::vector<Sequence*>& contexts, py::arra
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "pyinfer's C++ kernels";
+  main_thread_ident = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  py::module_::import("atexit").attr("register")(py::cpp_function(&before_exit));
   // Resolve PYINFER_ISA now: a bad value fails the import with its message, not a later call.
   (void)active_isa();
   py::register_exception_translator([](std::exception_ptr p) {
@@ -746,7 +794,7 @@ PYBIND11_MODULE(_C, m) {
       "set_pool_size",
       [](int n_threads) {
         if (n_threads < 1) throw py::value_error("n_threads must be >= 1");
-        py::gil_scoped_release release;
+        GilReleased release;
         pool_resize(n_threads);
       },
       py::arg("n_threads"), "Start or stop workers so the pool serves n_threads threads (the caller included).");
@@ -852,8 +900,7 @@ PYBIND11_MODULE(_C, m) {
           "As eval, writing the final hidden states (after the output norm) of every token (all_rows) or of "
           "the last into hidden [rows, n_embd].")
       .def("truncate", &Sequence::truncate, py::arg("n"), "Forget positions >= n.")
-      .def("copy_prefix", &Sequence::copy_prefix, py::arg("src"), py::arg("n"),
-           py::call_guard<py::gil_scoped_release>(),
+      .def("copy_prefix", &Sequence::copy_prefix, py::arg("src"), py::arg("n"), py::call_guard<GilReleased>(),
            "Hold src's first n positions (an exact copy of its KV cache) and nothing after them.")
       .def_property_readonly("n_past", &Sequence::n_past)
       .def_property_readonly("n_ctx", &Sequence::n_ctx)

@@ -413,3 +413,32 @@ def test_first_sample_and_cache_timings(model):
     t = c.timings
     assert 0 < t.first_sample_s <= t.sample_s and t.ttft_s is not None and t.ttft_s >= t.first_sample_s
     assert t.cached_tokens == 0 and t.prompt_tokens == c.prompt_tokens
+
+
+EXIT_WHILE_RUNNING = """
+import sys, threading, time
+from pyinfer import Engine, Model
+m = Model.load(sys.argv[1], n_ctx=512)
+e = Engine(m)
+h = e.submit("Tell me a long story", max_tokens=400, logit_bias={t: float("-inf") for t in m.tokenizer.eot_ids})
+threading.Thread(target=lambda: m.generate("Once upon a time", max_tokens=400), daemon=True).start()
+next(h)
+time.sleep(0.1)  # both threads are in forward passes when the interpreter exits
+print("exiting", flush=True)
+"""
+
+
+def test_the_interpreter_exits_cleanly_while_threads_are_in_forward_passes(default_model, tmp_path):
+    """A script that ends (or is interrupted) while an Engine or a daemon thread is decoding
+    exits with its own status: the threads that come back from a kernel after the atexit hook
+    wait for the process to end instead of being torn down from inside C++ (an abort)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit_while_running.py"
+    script.write_text(EXIT_WHILE_RUNNING)
+    for _ in range(3):
+        p = subprocess.run([sys.executable, str(script), str(default_model)], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0 and p.stdout == "exiting\n", (p.returncode, p.stderr[-2000:])
+        assert "terminate" not in p.stderr and "Fatal" not in p.stderr, p.stderr[-2000:]
