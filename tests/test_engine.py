@@ -442,3 +442,43 @@ def test_the_interpreter_exits_cleanly_while_threads_are_in_forward_passes(defau
                            timeout=120)
         assert p.returncode == 0 and p.stdout == "exiting\n", (p.returncode, p.stderr[-2000:])
         assert "terminate" not in p.stderr and "Fatal" not in p.stderr, p.stderr[-2000:]
+
+
+def test_a_handle_read_by_several_readers_ends_for_all_of_them(model):
+    """Readers of one handle share its chunks (each goes to one of them); when one takes the
+    last, the others stop too, and result() is the whole completion whoever read what."""
+    with Engine(model) as e:
+        alone = e.submit(PROMPTS[1], max_tokens=40, temperature=0).result(60)
+        h = e.submit(PROMPTS[1], max_tokens=40, temperature=0)
+        results: list = []
+        read: list = []
+        threads = [threading.Thread(target=lambda: results.append(h.result(60))),
+                   threading.Thread(target=lambda: read.extend(h)),
+                   threading.Thread(target=lambda: read.extend(h))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+        assert results[0].token_ids == alone.token_ids and h.finished
+        assert list(h) == [] and h.result().token_ids == alone.token_ids
+
+        async def two_readers() -> list:
+            h2 = e.submit(PROMPTS[1], max_tokens=40, temperature=0)
+
+            async def drain() -> list:
+                return [c async for c in h2]
+
+            got = await asyncio.wait_for(asyncio.gather(drain(), drain(), h2.aresult()), 60)
+            return [got[2], sum(len(g) for g in got[:2])]
+
+        whole, n_read = asyncio.run(two_readers())
+        assert whole.token_ids == alone.token_ids and n_read >= 1
+
+        # An error the request ends with reaches every reader, not just the one that took it.
+        bad = e.submit(PROMPTS[1], max_tokens=40, temperature=0)
+        bad._channel.put(RuntimeError("the model failed"))  # as the scheduler does on a failure
+        with pytest.raises(RuntimeError, match="the model failed"):
+            list(bad)
+        with pytest.raises(RuntimeError, match="the model failed"):
+            bad.result(10)

@@ -140,39 +140,64 @@ class EngineStats:
 
 
 class _Channel:
-    """A queue from the scheduler thread to one consumer, which may block on it (a thread)
-    or await it (an event loop, woken with call_soon_threadsafe)."""
+    """A queue from the scheduler thread to the request's readers, which may block on it (a
+    thread) or await it (an event loop, woken with call_soon_threadsafe). Readers share one
+    cursor: each chunk goes to one of them, and every chunk read is kept (`chunks`). Once one
+    of them has taken the last item (a chunk with a finish_reason, or an error), the channel
+    has ended for all of them, so none waits for an item that will not come."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._items: deque[CompletionChunk | BaseException] = deque()
-        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self.chunks: list[CompletionChunk] = []  # every chunk read so far, in order
+        self.ended = False  # the last item has been taken
+        self.error: BaseException | None = None  # the error it ended with
 
     def put(self, item: CompletionChunk | BaseException) -> None:
         with self._cond:
             self._items.append(item)
             self._cond.notify_all()
-            waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            loop, fut = waiter
-            with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits any more
-                loop.call_soon_threadsafe(_wake_future, fut)
+            waiters, self._waiters = self._waiters, []
+        _wake(waiters)
 
-    def get(self, timeout: float | None = None) -> CompletionChunk | BaseException:
+    def _pop(self) -> CompletionChunk | BaseException | None:
+        """The next item (None: the channel has ended), with the lock held."""
+        if not self._items:
+            return None
+        item = self._items.popleft()
+        if isinstance(item, BaseException):
+            self.error = item
+        else:
+            self.chunks.append(item)
+        if isinstance(item, BaseException) or item.finish_reason is not None:
+            self.ended = True
+            self._cond.notify_all()  # readers still waiting: nothing more will come
+            waiters, self._waiters = self._waiters, []
+            _wake(waiters)
+        return item
+
+    def get(self, timeout: float | None = None) -> CompletionChunk | BaseException | None:
         with self._cond:
-            if not self._cond.wait_for(lambda: bool(self._items), timeout):
+            if not self._cond.wait_for(lambda: bool(self._items) or self.ended, timeout):
                 raise TimeoutError(f"no chunk within {timeout} s")
-            return self._items.popleft()
+            return self._pop()
 
-    async def aget(self) -> CompletionChunk | BaseException:
+    async def aget(self) -> CompletionChunk | BaseException | None:
         while True:
             loop = asyncio.get_running_loop()
             with self._cond:
-                if self._items:
-                    return self._items.popleft()
+                if self._items or self.ended:
+                    return self._pop()
                 fut: asyncio.Future[None] = loop.create_future()
-                self._waiter = (loop, fut)
+                self._waiters.append((loop, fut))
             await fut
+
+
+def _wake(waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]) -> None:
+    for loop, fut in waiters:
+        with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits any more
+            loop.call_soon_threadsafe(_wake_future, fut)
 
 
 def _wake_future(fut: asyncio.Future[None]) -> None:
@@ -208,54 +233,55 @@ class RequestHandle:
         self.label: str | None = None
         self._engine = engine
         self._channel = _Channel()
-        self._chunks: list[CompletionChunk] = []  # every chunk read so far
-        self._done = False
 
     @property
     def finished(self) -> bool:
         """All chunks have been read."""
-        return self._done
+        return self._channel.ended
 
     def cancel(self) -> None:
         self.request.cancel_token.cancel()
         self._engine._wake()
 
-    def _take(self, item: CompletionChunk | BaseException) -> CompletionChunk:
+    def _take(self, item: CompletionChunk | BaseException | None) -> CompletionChunk | None:
+        """A chunk read, or None once the last one has been read (here or by another reader);
+        the error the request ended with is raised to every reader."""
         if isinstance(item, BaseException):
-            self._done = True
             raise item
-        self._chunks.append(item)
-        if item.finish_reason is not None:
-            self._done = True
+        if item is None and self._channel.error is not None:
+            raise self._channel.error
         return item
 
     def __iter__(self) -> Iterator[CompletionChunk]:
         return self
 
     def __next__(self) -> CompletionChunk:
-        if self._done:
+        chunk = self._take(self._channel.get())
+        if chunk is None:
             raise StopIteration
-        return self._take(self._channel.get())
+        return chunk
 
     def __aiter__(self) -> AsyncIterator[CompletionChunk]:
         return self
 
     async def __anext__(self) -> CompletionChunk:
-        if self._done:
+        chunk = self._take(await self._channel.aget())
+        if chunk is None:
             raise StopAsyncIteration
-        return self._take(await self._channel.aget())
+        return chunk
 
     def result(self, timeout: float | None = None) -> Completion:
         """The whole completion, waiting for it to finish (TimeoutError after `timeout`
-        seconds without a chunk)."""
-        while not self._done:
-            self._take(self._channel.get(timeout))
-        return self.request.completion(self._chunks)
+        seconds without a chunk). Chunks read by iterating it, here or in another thread,
+        are part of it."""
+        while self._take(self._channel.get(timeout)) is not None:
+            pass
+        return self.request.completion(self._channel.chunks)
 
     async def aresult(self) -> Completion:
-        while not self._done:
-            self._take(await self._channel.aget())
-        return self.request.completion(self._chunks)
+        while self._take(await self._channel.aget()) is not None:
+            pass
+        return self.request.completion(self._channel.chunks)
 
 
 # ---- the scheduler's view of a running sequence
