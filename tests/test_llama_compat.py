@@ -916,3 +916,72 @@ def test_generate_goes_on_after_another_call_used_the_context(llm):
     llm.reset()
     got += [next(g) for _ in range(3)]
     assert got == alone
+
+
+def test_a_hook_that_calls_back_into_its_llama_is_refused(llm):
+    """The one context is in the middle of the completion while its hooks run: a call back
+    into the same Llama from one is refused by name, and the object stays usable."""
+    base = llm("The sky is", max_tokens=12, temperature=0)["choices"][0]["text"]
+
+    def ask(ids, scores):
+        llm("Cats", max_tokens=1, temperature=0)
+        return scores
+
+    def rewind(ids, logits):
+        llm.eval([1, 2])
+        return False
+
+    with pytest.raises(RuntimeError, match=r"create_completion\(\) was called from a logits_processor"):
+        llm("The sky is", max_tokens=12, temperature=0, logits_processor=ask)
+    with pytest.raises(RuntimeError, match=r"eval\(\) was called from a logits_processor or stopping_criteria"):
+        llm("The sky is", max_tokens=12, temperature=0, stopping_criteria=rewind)
+    with pytest.raises(RuntimeError, match="called from a logits_processor"):
+        list(llm("The sky is", max_tokens=12, temperature=0, logits_processor=ask, stream=True))
+    with pytest.raises(RuntimeError, match="called from a logits_processor"):
+        next(llm.generate(llm.tokenize(b"The sky is"), temp=0, logits_processor=ask))
+    # Reading from the hook is fine: tokenize and the token rows.
+    seen: list[int] = []
+
+    def look(ids, scores):
+        seen.append(len(llm.tokenize(b"x")) + llm.n_tokens)
+        return scores
+
+    assert llm("The sky is", max_tokens=12, temperature=0, logits_processor=look)["choices"][0]["text"] == base
+    assert len(seen) == 12
+    assert llm("The sky is", max_tokens=12, temperature=0)["choices"][0]["text"] == base
+
+
+def test_a_call_waits_one_chunk_of_a_stream_read_in_a_tight_loop(default_model):
+    """Turns are handed over in order: a thread reading a stream as fast as it can does not
+    take the lock back ahead of another thread's call, which ends the stream."""
+    import threading
+
+    llm = Llama(model_path=str(default_model), n_ctx=N_CTX, verbose=False)
+    banned = {t: -1e9 for t in llm.model.tokenizer.eot_ids}
+    read: list[str] = []
+    at_call: list[int] = []
+    started = threading.Event()
+
+    def reader() -> None:
+        for c in llm("Once upon a time", max_tokens=300, temperature=0, logit_bias=banned, stream=True):
+            read.append(c["choices"][0]["text"])
+            if len(read) == 5:
+                started.set()
+
+    def caller() -> None:
+        started.wait(60)
+        at_call.append(len(read))
+        llm.reset()
+        at_call.append(len(read))
+
+    threads = [threading.Thread(target=reader), threading.Thread(target=caller)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    # The chunk being made when the call took its turn, and one or two more that the reader can
+    # make before the caller's thread runs again to take it (it reads the count first); with a
+    # lock that is not handed over in order the reader went on for hundreds.
+    assert at_call[1] - at_call[0] <= 4, at_call
+    assert len(read) < 300 and len(read) <= at_call[1] + 1  # the reset ended the stream

@@ -511,6 +511,51 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
+class _TurnLock:
+    """A re-entrant lock handed over in the order threads asked for it (a ticket each), so a
+    thread reading a stream in a tight loop cannot take it back ahead of another thread's
+    call waiting for it. A waiter interrupted (KeyboardInterrupt) gives its turn up."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._next = 0  # the next ticket to give out
+        self._serving = 0  # the ticket whose turn it is
+        self._given_up: set[int] = set()
+
+    def __enter__(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return
+            ticket = self._next
+            self._next += 1
+            try:
+                self._cond.wait_for(lambda: self._owner is None and self._serving == ticket)
+            except BaseException:
+                self._given_up.add(ticket)
+                self._advance()
+                raise
+            self._owner, self._depth = me, 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                self._serving += 1
+                self._advance()
+
+    def _advance(self) -> None:
+        """Past the turns given up, then wake the waiters (with the condition's lock held)."""
+        while self._owner is None and self._serving in self._given_up:
+            self._given_up.remove(self._serving)
+            self._serving += 1
+        self._cond.notify_all()
+
+
 def _one_at_a_time(method: Callable[_P, _R]) -> Callable[_P, _R]:
     """A Llama method run under the object's lock: the context and its token and logit rows
     are shared state, so calls from several threads take turns (re-entrant: the methods call
@@ -519,6 +564,12 @@ def _one_at_a_time(method: Callable[_P, _R]) -> Callable[_P, _R]:
     @functools.wraps(method)
     def locked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with args[0]._lock:  # type: ignore[attr-defined]
+            if args[0]._in_hook:  # type: ignore[attr-defined]
+                raise RuntimeError(
+                    f"Llama.{method.__name__}() was called from a logits_processor or stopping_criteria "
+                    "of the same Llama, whose one context is in the middle of that completion: use "
+                    "another Llama (or a pyinfer.Model) inside a hook"
+                )
             return method(*args, **kwargs)
 
     return locked
@@ -539,7 +590,7 @@ class _Turns(Iterator[_R]):
     object's lock for each item: another thread's call runs between two items, and ends the
     iterator where it ends a stream (close(), also under the lock)."""
 
-    def __init__(self, lock: threading.RLock, inner: Iterator[_R]) -> None:
+    def __init__(self, lock: _TurnLock, inner: Iterator[_R]) -> None:
         self._lock = lock
         self._inner: Iterator[_R] | None = inner
 
@@ -592,7 +643,8 @@ class Llama:
         pyinfer's own keywords: precision ("fast" or "exact"), kv_dtype ("float32",
         "float16" or "q8_0"). Other llama-cpp-python keywords: see IGNORED_KWARGS / UNSUPPORTED_KWARGS.
         """
-        self._lock = threading.RLock()  # calls from several threads take turns (_one_at_a_time)
+        self._lock = _TurnLock()  # calls from several threads take turns (_one_at_a_time)
+        self._in_hook = 0  # a user's logits_processor or stopping_criteria is running
         t0 = time.perf_counter()
         # Pickling a Llama (llama-cpp-python's __getstate__) loads it again from these.
         self._init_kwargs: dict[str, Any] = dict(
@@ -711,6 +763,22 @@ class Llama:
         if self.verbose:
             print(f"pyinfer: loaded {self.model_path} ({desc} in {time.perf_counter() - t0:.2f} s",
                   file=sys.stderr)
+
+    def _user_hooks(self, value: Any, kind: type, name: str) -> Callable[..., Any] | None:
+        """A logits_processor or stopping_criteria as one function that marks, while it runs,
+        that this Llama is inside a user's hook (a call back into it is refused there)."""
+        hooks = _hook_list(value, kind, name)
+        if hooks is None:
+            return None
+
+        def call(*args: Any) -> Any:
+            self._in_hook += 1
+            try:
+                return hooks(*args)
+            finally:
+                self._in_hook -= 1
+
+        return call
 
     def _need_model(self, what: str) -> Model:
         """The model, or a clear error on a Llama loaded with vocab_only=True."""
@@ -969,7 +1037,7 @@ class Llama:
             raise ValueError("nothing evaluated yet: eval() tokens before sample()")
         row = self.scores[self.n_tokens - 1 if idx is None else idx].copy()
         hist = self.input_ids[: self.n_tokens]
-        proc = _hook_list(logits_processor, LogitsProcessorList, "logits_processor")
+        proc = self._user_hooks(logits_processor, LogitsProcessorList, "logits_processor")
         if proc is not None:
             row = np.ascontiguousarray(proc(hist.copy(), row), np.float32)
         greedy = temp <= 0
@@ -993,7 +1061,7 @@ class Llama:
         generator's sequence is evaluated again where the other call changed the context."""
         self._need_model("generate")
         ids = _token_list(tokens, "tokens")
-        stopping = _hook_list(stopping_criteria, StoppingCriteriaList, "stopping_criteria")
+        stopping = self._user_hooks(stopping_criteria, StoppingCriteriaList, "stopping_criteria")
         if reset:
             self._close_stream()
             keep = min(common_prefix(self.input_ids[: self.n_tokens], ids), len(ids) - 1)
@@ -1187,8 +1255,8 @@ class Llama:
         _not_implemented("typical_p", typical_p, 1.0)
         _not_implemented("mirostat_mode", mirostat_mode, 0)
         constraint = _grammar_constraint(grammar, self._tokenizer)
-        processor = _hook_list(logits_processor, LogitsProcessorList, "logits_processor")
-        stopping = _hook_list(stopping_criteria, StoppingCriteriaList, "stopping_criteria")
+        processor = self._user_hooks(logits_processor, LogitsProcessorList, "logits_processor")
+        stopping = self._user_hooks(stopping_criteria, StoppingCriteriaList, "stopping_criteria")
         if max_tokens is not None and (
             isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer))
         ):
