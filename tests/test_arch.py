@@ -71,6 +71,20 @@ def test_unimplemented_key_refuses_the_file(tmp_path: Path, key: str, value: obj
         Model(reader)
 
 
+def test_a_vocabulary_that_disagrees_with_the_embedding_refuses_the_file(tmp_path: Path) -> None:
+    """Sampling picks among the embedding's rows, and the tokenizer must name each of them: a
+    count that differs is refused at load, naming both, rather than at the first sampled token."""
+    reader = GGUFReader(write(tmp_path))
+    assert len(reader.metadata["tokenizer.ggml.tokens"]) == 260
+    for n in (10, 300):
+        reader.metadata["tokenizer.ggml.tokens"] = [f"t{i}" for i in range(n)]
+        message = f"tokenizer.ggml.tokens has {n} entries but token_embd.weight has 260 rows"
+        with pytest.raises(UnsupportedModelError, match=message):
+            describe(reader)
+        with pytest.raises(ValueError, match=message):
+            Model(reader)
+
+
 REFUSED_TENSORS = [
     ("blk.0.attn_q.bias", (64,)),
     ("blk.1.attn_output.bias", (64,)),

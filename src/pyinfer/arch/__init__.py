@@ -35,6 +35,15 @@ def describe(reader: Any) -> Description:
     arch = architecture(reader)
     shapes = {name: tuple(t.shape) for name, t in reader.tensors.items()}
     try:
-        return arch.describe(reader.metadata, shapes)
+        description = arch.describe(reader.metadata, shapes)
+        # Sampling works on rows of logits, one per embedding row, and the tokenizer must name
+        # each of them (llama.cpp refuses such a file too).
+        tokens = reader.metadata.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, (list, tuple)) and len(tokens) != description.config.n_vocab:
+            raise UnsupportedModelError(
+                f"tokenizer.ggml.tokens has {len(tokens)} entries but token_embd.weight has "
+                f"{description.config.n_vocab} rows: the vocabulary and the embedding disagree"
+            )
+        return description
     except UnsupportedModelError as e:
         raise UnsupportedModelError(f"{reader.path}: {e}") from None
