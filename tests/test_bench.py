@@ -348,6 +348,33 @@ def test_quantize_rejects_bad_requests(tiny: Path, tmp_path: Path) -> None:
         quantize_model(tiny, tmp_path / "x.gguf", "q3_k")
     with pytest.raises(ValueError, match="must not be the input"):
         quantize_model(tiny, tiny, "f16")
+    # An output that cannot be written is refused before the work, and nothing is left behind.
+    with pytest.raises(ValueError, match=f"the output {tmp_path} is a directory"):
+        quantize_model(tiny, tmp_path, "q8_0")
+    with pytest.raises(ValueError, match="the output's folder .*nope does not exist"):
+        quantize_model(tiny, tmp_path / "nope" / "x.gguf", "q8_0")
+    assert list(tmp_path.iterdir()) == [] and not list(tmp_path.parent.glob(f"{tmp_path.name}*.tmp"))
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:
+    from pyinfer.gguf import GGUFWriter
+
+    dst = tmp_path / "m.gguf"
+    dst.write_bytes(b"the old file")
+    w = GGUFWriter(dst)
+    w.add("general.architecture", "llama")
+    w.add_tensor("t", np.ones(8, np.float32))
+
+    class Unwritable:  # the tensor's bytes, failing as a full disk would, half way through
+        size = 32
+
+        def tobytes(self) -> bytes:
+            raise OSError(28, "No space left on device")
+
+    w._tensors["t"] = (w._tensors["t"][0], w._tensors["t"][1], Unwritable())
+    with pytest.raises(OSError, match="No space left"):
+        w.write()
+    assert dst.read_bytes() == b"the old file" and sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
 
 
 # -- the serve study -----------------------------------------------------------------------

@@ -16,10 +16,12 @@ the old data stay mapped.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import stat
 import struct
+import tempfile
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -498,6 +500,16 @@ def _infer_value_type(value: Any) -> tuple[ValueType, ValueType | None]:
     raise ValueError(f"no GGUF value type for {type(value).__name__}")
 
 
+def check_output_path(path: str | os.PathLike[str]) -> None:
+    """ValueError unless a file can be written at path: its folder exists, and it is not a
+    folder itself."""
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"the output {p} is a directory: give a file name")
+    if not p.parent.is_dir():
+        raise ValueError(f"the output's folder {p.parent} does not exist")
+
+
 class GGUFWriter:
     """Writes a GGUF file (version 3 by default): metadata, then tensors.
 
@@ -606,10 +618,18 @@ class GGUFWriter:
             header.append(struct.pack("<IQ", t, offset))
             offset += -(-raw.size // self.alignment) * self.alignment
         head = b"".join(header)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            self._write_body(f, head, offsets)
-        os.replace(tmp, self.path)
+        check_output_path(self.path)
+        # Written beside it under a name of its own, then renamed over it: a reader of the path
+        # sees the old file or the whole new one, and a failed write leaves nothing behind.
+        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                self._write_body(f, head, offsets)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def _write_body(self, f: BinaryIO, head: bytes, offsets: list[int]) -> None:
         f.write(head)

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from pyinfer.gguf import GGUFReader, GGUFWriter
+from pyinfer.gguf import GGUFReader, GGUFWriter, check_output_path
 from pyinfer.gguf_types import BLOCK_SIZES, GGMLType, ValueType
 
 # The formats the writer can produce from float32, by their command-line names.
@@ -86,6 +86,7 @@ def quantize_model(src: str | os.PathLike[str], dst: str | os.PathLike[str], typ
     src, dst = Path(src), Path(dst)
     if src.resolve() == dst.resolve():
         raise ValueError("the output must not be the input file")
+    check_output_path(dst)  # before the work, not after it
     counts: dict[str, int] = {}
     with GGUFReader(src) as r:
         alignment = int(r.metadata.get("general.alignment", 32))
