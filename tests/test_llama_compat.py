@@ -985,3 +985,25 @@ def test_a_call_waits_one_chunk_of_a_stream_read_in_a_tight_loop(default_model):
     # lock that is not handed over in order the reader went on for hundreds.
     assert at_call[1] - at_call[0] <= 4, at_call
     assert len(read) < 300 and len(read) <= at_call[1] + 1  # the reset ended the stream
+
+
+def test_bad_sample_rows_embed_inputs_and_response_formats_are_named(default_model):
+    from pyinfer.errors import ParameterTypeError
+
+    llm = Llama(model_path=str(default_model), n_ctx=64, verbose=False)
+    llm.eval(llm.tokenize(b"hello there"))
+    last = llm.n_tokens - 1
+    assert llm.sample(idx=last, temp=0) == llm.sample(temp=0)
+    for idx in (last + 3, -1, 0):  # rows never written, or not kept without logits_all
+        with pytest.raises(ValueError, match=f"idx={idx}: the scores hold row {last}"):
+            llm.sample(idx=idx, temp=0)
+    with pytest.raises(ParameterTypeError, match="idx must be an int"):
+        llm.sample(idx=1.0, temp=0)
+    for bad, where in ((None, "input must be"), (5, "input must be"), ([1.5], r"input\[0\]"), (["a", 3], r"input\[1\]")):
+        with pytest.raises(ParameterTypeError, match=where):
+            llm.embed(bad)
+    with pytest.raises(ContextOverflowError, match="an input of 101 tokens is longer than n_ctx 64"):
+        llm.embed("word " * 100, truncate=False)
+    assert len(llm.embed("word " * 100)) == llm.n_embd()  # truncated to n_ctx by default
+    with pytest.raises(ParameterTypeError, match="response_format must be a dict"):
+        llm.create_chat_completion([{"role": "user", "content": "hi"}], response_format="json")

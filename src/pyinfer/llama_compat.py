@@ -856,11 +856,24 @@ class Llama:
         return_count: also return the number of tokens embedded."""
         model = self._need_model("embed")
         one = isinstance(input, str) or (isinstance(input, list) and bool(input) and isinstance(input[0], int))
+        if not isinstance(input, (str, list, tuple)):
+            raise ParameterTypeError(f"input must be a str, a list of str or token ids, not {type(input).__name__}")
         items: list[Any] = [input] if one else list(input)
-        ids = [self._tokenizer.tokenize(t) if isinstance(t, str) else list(t) for t in items]
+        ids: list[list[int]] = []
+        for i, t in enumerate(items):
+            if isinstance(t, str):
+                ids.append(self._tokenizer.tokenize(t))
+            elif isinstance(t, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in t):
+                ids.append(list(t))
+            else:
+                raise ParameterTypeError(f"input[{i}] must be a str or a list of token ids, not {type(t).__name__}")
+        limit = min(self._n_ctx, model.n_ctx)  # the model's own cap applies to embeddings too
         if truncate:
-            limit = min(self._n_ctx, model.n_ctx)  # the model's own cap applies to embeddings too
             ids = [t[:limit] for t in ids]
+        elif any(len(t) > limit for t in ids):
+            n = max(map(len, ids))
+            raise ContextOverflowError(f"an input of {n} tokens is longer than n_ctx {limit}: pass truncate=True "
+                                       "to embed its first n_ctx tokens", n, limit)
         # Evaluated together, in contexts of their own (Model.embed), not in this Llama's.
         rows = model.embed(ids, normalize=normalize).tolist() if ids else []
         out = rows[0] if one else rows
@@ -1035,7 +1048,15 @@ class Llama:
         self._need_model("sample")
         if self.n_tokens == 0:
             raise ValueError("nothing evaluated yet: eval() tokens before sample()")
-        row = self.scores[self.n_tokens - 1 if idx is None else idx].copy()
+        if idx is not None:
+            if isinstance(idx, bool) or not isinstance(idx, (int, np.integer)):
+                raise ParameterTypeError(f"idx must be an int or None, not {type(idx).__name__}")
+            last = self.n_tokens - 1
+            first = 0 if self._logits_all else self.n_tokens - 1
+            if not first <= idx <= last:
+                rows = f"rows 0..{last}" if self._logits_all else f"row {last} (without logits_all, the last only)"
+                raise ValueError(f"idx={idx}: the scores hold {rows}")
+        row = self.scores[self.n_tokens - 1 if idx is None else int(idx)].copy()
         hist = self.input_ids[: self.n_tokens]
         proc = self._user_hooks(logits_processor, LogitsProcessorList, "logits_processor")
         if proc is not None:
@@ -1506,6 +1527,11 @@ class Llama:
                 tool_choice = function_call
         spec = parse_tools(tools, tool_choice)
         given = [n for n, v in (("grammar", grammar), ("response_format", response_format)) if v is not None]
+        if response_format is not None and not isinstance(response_format, Mapping):
+            raise ParameterTypeError(
+                'response_format must be a dict such as {"type": "json_object"}, '
+                f"not {type(response_format).__name__}"
+            )
         if response_format is not None and response_format.get("type", "text") != "text":
             grammar = constraint_from(self._tokenizer, response_format=response_format)
         if spec is not None and spec.forced is not None:
