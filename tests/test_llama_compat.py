@@ -1007,3 +1007,14 @@ def test_bad_sample_rows_embed_inputs_and_response_formats_are_named(default_mod
     assert len(llm.embed("word " * 100)) == llm.n_embd()  # truncated to n_ctx by default
     with pytest.raises(ParameterTypeError, match="response_format must be a dict"):
         llm.create_chat_completion([{"role": "user", "content": "hi"}], response_format="json")
+
+
+def test_n_ctx_0_on_a_file_with_a_huge_context_length_names_it(tmp_path):
+    from pyinfer.bench.synthetic import Shape, write_synthetic_llama
+    from pyinfer.gguf_types import GGMLType
+
+    shape = Shape(n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128, n_vocab=260, n_ctx=2**32 - 1)
+    path = write_synthetic_llama(tmp_path / "m.gguf", shape, GGMLType.F32, seed=1)
+    with pytest.raises(ValueError, match="n_ctx=0 asks for the file's context_length, 4294967295 tokens"):
+        Llama(model_path=str(path), n_ctx=0, verbose=False)
+    assert Llama(model_path=str(path), n_ctx=32, verbose=False).n_ctx() == 32

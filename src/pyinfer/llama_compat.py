@@ -107,7 +107,7 @@ from pyinfer.constraint import Constraint, constraint_from
 from pyinfer.errors import ContextOverflowError, ParameterTypeError
 from pyinfer.generate import CompletionChunk, generate
 from pyinfer.gguf import GGUFReader
-from pyinfer.model import Context, Model, default_threads
+from pyinfer.model import MAX_TOKENS, Context, Model, default_threads
 from pyinfer.registry import resolve_model
 from pyinfer.request import common_prefix
 from pyinfer.sampling import Sampler, SamplingParams, TokenLogprob, log_softmax
@@ -728,6 +728,9 @@ class Llama:
             config = self.model.config
             self._md = self.model.reader.metadata
             self._n_ctx = int(n_ctx) if n_ctx else config.n_ctx_train
+            if not n_ctx and self._n_ctx > MAX_TOKENS:
+                raise ValueError(f"n_ctx=0 asks for the file's context_length, {self._n_ctx} tokens, more than "
+                                 f"a context can hold ({MAX_TOKENS}): pass n_ctx")
             self.n_batch = min(self._n_ctx, int(n_batch))
             self.n_threads = self.model.n_threads
             self._ctx_obj = self.model.context(self._n_ctx, n_batch=self.n_batch)
