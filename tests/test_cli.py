@@ -51,3 +51,10 @@ def test_bad_arguments_are_clear_errors(default_model, tmp_path):
     assert r.returncode == 1 and "temperature must be >= 0" in r.stderr
     r = pyinfer(tmp_path, "run", "hi", "--model", "no-such-model")
     assert r.returncode == 1 and "known: " in r.stderr and "smollm2" in r.stderr
+    # A prompt whose bytes are not UTF-8 (a shell passes them as they are) is named as such.
+    r = subprocess.run([sys.executable, "-m", "pyinfer", "run", b"ok \xff\xfe", "--model", str(default_model)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300, check=False)
+    assert r.returncode == 1 and "the prompt argument is not UTF-8 text: byte 0xff at character 3" in r.stderr
+    (tmp_path / "afile").write_text("")
+    r = pyinfer(tmp_path, "bench", "ceiling", "--quick", "--out", "afile")
+    assert r.returncode == 1 and "the output folder afile is a file" in r.stderr and "Traceback" not in r.stderr

@@ -1018,3 +1018,12 @@ def test_n_ctx_0_on_a_file_with_a_huge_context_length_names_it(tmp_path):
     with pytest.raises(ValueError, match="n_ctx=0 asks for the file's context_length, 4294967295 tokens"):
         Llama(model_path=str(path), n_ctx=0, verbose=False)
     assert Llama(model_path=str(path), n_ctx=32, verbose=False).n_ctx() == 32
+
+
+def test_llama_size_arguments_are_checked_by_name(default_model):
+    from pyinfer.errors import ParameterTypeError
+
+    with pytest.raises(ValueError, match=r"last_n_tokens_size must be in \[0, 2147483647\], got 1000000000000"):
+        Llama(model_path=str(default_model), n_ctx=64, last_n_tokens_size=10**12, verbose=False)
+    with pytest.raises(ParameterTypeError, match="n_ubatch must be an int, not str"):
+        Llama(model_path=str(default_model), n_ctx=64, n_ubatch="x", verbose=False)

@@ -137,9 +137,25 @@ def _stream(model: Any, chunks: Any, out: TextIO) -> tuple[str, Any]:
     return "".join(text), last
 
 
+def _check_text_arguments(args: argparse.Namespace, *names: str) -> None:
+    """ValueError naming an argument whose bytes are not UTF-8 (the shell passes them as they are)."""
+    for name in names:
+        value = getattr(args, name, None)
+        if not isinstance(value, str):
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            bad = value[e.start].encode("utf-8", "surrogateescape")
+            raise ValueError(
+                f"the {name} argument is not UTF-8 text: byte 0x{bad.hex()} at character {e.start}"
+            ) from None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from pyinfer.chat import has_chat_template
 
+    _check_text_arguments(args, "prompt", "system")
     model = _load_model(args)
     kw = _sampling_kwargs(args)
     use_chat = not args.raw and has_chat_template(model.reader.metadata)

@@ -686,8 +686,11 @@ class Llama:
             raise ValueError(f"n_ctx must be >= 0 (0: the model's training context), got {n_ctx}")
         if n_batch < 1:
             raise ValueError(f"n_batch must be >= 1, got {n_batch}")
-        if last_n_tokens_size < 0:
-            raise ValueError(f"last_n_tokens_size must be >= 0, got {last_n_tokens_size}")
+        if not 0 <= last_n_tokens_size <= MAX_TOKENS:
+            raise ValueError(f"last_n_tokens_size must be in [0, {MAX_TOKENS}], got {last_n_tokens_size}")
+        n_ubatch = kwargs.get("n_ubatch", 512)
+        if isinstance(n_ubatch, bool) or not isinstance(n_ubatch, (int, np.integer)):
+            raise ParameterTypeError(f"n_ubatch must be an int, not {type(n_ubatch).__name__}")
         if model_path is None:
             path = resolve_model(None)
         else:
@@ -747,7 +750,7 @@ class Llama:
             vocab_only=vocab_only, n_gpu_layers=int(kwargs.get("n_gpu_layers", 0) or 0),
             use_mmap=bool(kwargs.get("use_mmap", True)), use_mlock=bool(kwargs.get("use_mlock", False)))
         self.context_params = ContextParams(
-            n_ctx=self._n_ctx, n_batch=self.n_batch, n_ubatch=min(self.n_batch, int(kwargs.get("n_ubatch", 512))),
+            n_ctx=self._n_ctx, n_batch=self.n_batch, n_ubatch=min(self.n_batch, int(n_ubatch)),
             n_threads=self.n_threads, n_threads_batch=self.n_threads,
             rope_freq_base=float(kwargs.get("rope_freq_base", 0.0) or 0.0),
             rope_freq_scale=float(kwargs.get("rope_freq_scale", 0.0) or 0.0),

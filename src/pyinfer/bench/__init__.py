@@ -54,6 +54,8 @@ def run_bench(studies: list[str] | None = None, *, model: ModelArg = None, quick
         raise ValueError(f"unknown study {', '.join(unknown)} (known: {', '.join(STUDIES)})")
     if threads and min(threads) < 1:
         raise ValueError("thread counts must be positive")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"the output folder {out} is a file: give a folder (it is created if missing)")
     s = Settings(model=resolve_model(model), threads=sorted(set(threads or default_thread_counts())),
                  quick=quick, out=Path(out), llama_bench=llama_bench, openvino_python=openvino_python,
                  peers=peers, peer_python=peer_python,
