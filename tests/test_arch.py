@@ -85,6 +85,15 @@ def test_a_vocabulary_that_disagrees_with_the_embedding_refuses_the_file(tmp_pat
             Model(reader)
 
 
+def test_load_errors_name_the_file_and_the_key(tmp_path: Path) -> None:
+    path = write(tmp_path)
+    reader = GGUFReader(path)
+    reader.metadata["llama.block_count"] = 2**31
+    with pytest.raises(ValueError, match=_rx(f"{path}: n_layer (the file's block_count) must be at most 100000, "
+                                             "got 2147483648")):
+        Model(reader)
+
+
 REFUSED_TENSORS = [
     ("blk.0.attn_q.bias", (64,)),
     ("blk.1.attn_output.bias", (64,)),

@@ -53,12 +53,17 @@ int64_t Params::get_int(const std::string& name) const {
 void ModelDims::check() const {
   if (n_layer < 1 || n_embd < 1 || n_head < 1 || n_head_kv < 1 || head_dim < 2 || n_ff < 1 || n_vocab < 1)
     throw std::invalid_argument("model dimensions must be positive");
-  if (n_layer > 100000) throw std::invalid_argument("n_layer out of range");
+  if (n_layer > 100000)
+    throw std::invalid_argument("n_layer (the file's block_count) must be at most 100000, got " +
+                                std::to_string(n_layer));
   if (n_head % n_head_kv != 0)
     throw std::invalid_argument("n_head (" + std::to_string(n_head) + ") is not a multiple of n_head_kv (" +
                                 std::to_string(n_head_kv) + ")");
   if (head_dim % 2 != 0 || head_dim > kRopeMaxDim)
-    throw std::invalid_argument("head_dim must be even and at most " + std::to_string(kRopeMaxDim));
+    throw std::invalid_argument(
+        "head_dim (the file's attention.key_length, or embedding_length / head_count) "
+        "must be even and at most " +
+        std::to_string(kRopeMaxDim) + ", got " + std::to_string(head_dim));
   // The widths a forward pass sizes its buffers by, checked once here.
   checked_sum({checked_mul(n_head, head_dim, "query width (n_head * head_dim)"),
                checked_product({2, n_head_kv, head_dim}, "key/value width (2 * n_head_kv * head_dim)")},
@@ -121,9 +126,14 @@ const float* LayerTensors::vec(const char* name, int64_t n) const {
 
 WeightRef take_embedding(TensorMap& t, const ModelDims& c) {
   const WeightRef e = t.take("token_embd.weight");
-  if (embedding_row_bytes(e.type, c.n_embd) < 0 || e.data == nullptr || e.rows != c.n_vocab || e.cols != c.n_embd)
-    throw std::invalid_argument("token_embd.weight: expected [" + std::to_string(c.n_vocab) + ", " +
-                                std::to_string(c.n_embd) + "] of a type with a dequantization kernel");
+  if (e.data == nullptr || e.rows != c.n_vocab || e.cols != c.n_embd)
+    throw std::invalid_argument("token_embd.weight: its shape is [" + std::to_string(e.rows) + ", " +
+                                std::to_string(e.cols) + "], the model's [n_vocab, n_embd] is [" +
+                                std::to_string(c.n_vocab) + ", " + std::to_string(c.n_embd) +
+                                "] (n_embd: the file's embedding_length)");
+  if (embedding_row_bytes(e.type, c.n_embd) < 0)
+    throw std::invalid_argument("token_embd.weight: GGML type " + std::to_string(e.type) +
+                                " has no dequantization kernel for an embedding row of " + std::to_string(c.n_embd));
   return e;
 }
 

@@ -328,7 +328,10 @@ class Model:
         # releases the GIL), so that a first request does not wait for it; a model run on ids
         # alone never asks for it, and one that cannot be built fails when asked for.
         self._tokenizer_build = _Background(Tokenizer, reader.metadata)
-        self._native = _C.Model(self.config.architecture, self.config.params(), tensors, bool(repack))
+        try:
+            self._native = _C.Model(self.config.architecture, self.config.params(), tensors, bool(repack))
+        except ValueError as e:
+            raise type(e)(f"{reader.path}: {e}") from None
         reader.check_unchanged()  # repacking read the whole file: it must be what was validated
         self._chat_template: ChatTemplate | None = None
         # Compute scratch of decode_batch (activations for B rows, no sequence state), grown
