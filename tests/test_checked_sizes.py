@@ -105,3 +105,13 @@ def test_a_refused_allocation_names_its_bytes_and_purpose() -> None:
         _C.KVCache(1, 1, 64, 2**36, "float32")
     cache = _C.KVCache(1, 1, 64, 16, "float32")  # and the next one is made as before
     assert cache.nbytes > 0
+
+
+def test_counts_past_32_bits_and_windows_past_the_text(model: Model) -> None:
+    ctx = model.context(n_ctx=16)
+    ctx.eval([1, 2, 3])
+    with pytest.raises(ValueError, match=r"n must be an integer in \[0, 2147483647\], got 18446744073709551616"):
+        ctx.copy_prefix(ctx, 2**64)
+    text = "The quick brown fox jumps over the lazy dog. " * 4
+    # A window longer than the text takes the room of the text, not of the window.
+    assert model.perplexity(text, window=10**9) == model.perplexity(text, window=len(model.tokenize(text)))

@@ -57,8 +57,9 @@ def _check_positive_int(name: str, value: object, limit: int | None = None) -> i
 
 
 def _check_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    """A count of tokens: an int in [0, MAX_TOKENS]."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value <= MAX_TOKENS:
+        raise ValueError(f"{name} must be an integer in [0, {MAX_TOKENS}], got {value!r}")
     return int(value)
 
 
@@ -519,7 +520,8 @@ class Model:
         ids = self.tokenize(text, add_bos=add_bos)
         if len(ids) < 2:
             raise ValueError("text must have at least 2 tokens")
-        ctx = self.context(n_ctx=window)
+        # A window longer than the text needs no more room than the text.
+        ctx = self.context(n_ctx=min(window, len(ids)))
         nll, count = 0.0, 0
         for start in range(0, len(ids) - 1, window):
             chunk = ids[start : start + window]
