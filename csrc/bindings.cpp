@@ -5,7 +5,6 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -31,48 +30,40 @@ using namespace pyinfer;
 
 namespace {
 
-// The interpreter's main thread, which runs its finalization at exit (set at import).
+// The interpreter's main thread, which runs its finalization at exit (set at import, and in a
+// forked child to the thread that forked).
 unsigned long main_thread_ident = 0;
-// Set by an atexit hook, before the interpreter begins to finalize.
-std::atomic<bool> exiting{false};
-// Calls that have released the GIL and not yet taken it back.
-std::atomic<int> calls_out{0};
 
-// The GIL released for a call into the kernels. A daemon thread that takes it back once the
-// interpreter is finalizing is ended by the interpreter from inside this destructor, which
-// C++ answers with std::terminate (an abort at exit). So once the atexit hook has run, a
-// thread other than the main one returning from a kernel waits here, holding nothing, until
-// the process exits; and the hook lets those already waiting for the GIL take it first.
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+// The GIL released for a call into the kernels. Once the interpreter is finalizing, it ends a
+// thread that takes the GIL back (a daemon thread still in a forward pass at exit) by unwinding
+// it from PyEval_RestoreThread. So a thread other than the main one that returns from a kernel
+// then waits, holding nothing, until the process exits. One that began to take the GIL back
+// just before finalization began is ended as the interpreter means to: this destructor lets
+// that unwinding pass instead of answering it with std::terminate (an abort at exit).
 class GilReleased {
  public:
-  GilReleased() {
-    calls_out.fetch_add(1, std::memory_order_relaxed);
-    state_ = PyEval_SaveThread();
-  }
+  GilReleased() : state_(PyEval_SaveThread()) {}
   GilReleased(const GilReleased&) = delete;
   GilReleased& operator=(const GilReleased&) = delete;
-  ~GilReleased() {
-    if (exiting.load(std::memory_order_acquire) && PyThread_get_thread_ident() != main_thread_ident) {
-      calls_out.fetch_sub(1, std::memory_order_release);
+  ~GilReleased() noexcept(false) {
+    if (interpreter_finalizing() && PyThread_get_thread_ident() != main_thread_ident)
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-    }
     PyEval_RestoreThread(state_);
-    calls_out.fetch_sub(1, std::memory_order_release);
   }
 
  private:
-  PyThreadState* state_ = nullptr;
+  PyThreadState* state_;
 };
 
-// The atexit hook (with the GIL): from now on threads returning from kernels wait (above);
-// then, for up to 200 ms with the GIL released, those already waiting to take it back do so
-// and return to Python, where the interpreter can end them at finalization.
-void before_exit() {
-  exiting.store(true, std::memory_order_release);
-  py::gil_scoped_release release;
-  for (int i = 0; i < 200 && calls_out.load(std::memory_order_acquire) > 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-}
+void set_main_thread() { main_thread_ident = PyThread_get_thread_ident(); }
 
 py::dict cpu_info() {
   const CpuFeatures& f = cpu_features();
@@ -741,7 +732,7 @@ void batch_run_py(Batch& batch, const std::vector<Sequence*>& contexts, py::arra
 PYBIND11_MODULE(_C, m) {
   m.doc() = "pyinfer's C++ kernels";
   main_thread_ident = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
-  py::module_::import("atexit").attr("register")(py::cpp_function(&before_exit));
+  py::module_::import("os").attr("register_at_fork")(py::arg("after_in_child") = py::cpp_function(&set_main_thread));
   // Resolve PYINFER_ISA now: a bad value fails the import with its message, not a later call.
   (void)active_isa();
   py::register_exception_translator([](std::exception_ptr p) {

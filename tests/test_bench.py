@@ -375,6 +375,14 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> 
     with pytest.raises(OSError, match="No space left"):
         w.write()
     assert dst.read_bytes() == b"the old file" and sorted(p.name for p in tmp_path.iterdir()) == ["m.gguf"]
+    # A file written whole gets the mode open() gives (the temporary file's is private).
+    w._tensors["t"] = (w._tensors["t"][0], w._tensors["t"][1], np.ones(8, np.float32))
+    umask = os.umask(0o022)
+    try:
+        w.write()
+    finally:
+        os.umask(umask)
+    assert dst.stat().st_mode & 0o777 == 0o644
 
 
 # -- the serve study -----------------------------------------------------------------------

@@ -478,7 +478,9 @@ def test_a_handle_read_by_several_readers_ends_for_all_of_them(model):
         # An error the request ends with reaches every reader, not just the one that took it.
         bad = e.submit(PROMPTS[1], max_tokens=40, temperature=0)
         bad._channel.put(RuntimeError("the model failed"))  # as the scheduler does on a failure
-        with pytest.raises(RuntimeError, match="the model failed"):
+        with pytest.raises(RuntimeError, match="the model failed") as first:
             list(bad)
-        with pytest.raises(RuntimeError, match="the model failed"):
+        with pytest.raises(RuntimeError, match="the model failed") as later:
             bad.result(10)
+        # Later readers get a copy, caused by the original, whose traceback stays its own.
+        assert later.value is not first.value and later.value.__cause__ is first.value

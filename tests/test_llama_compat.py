@@ -939,6 +939,16 @@ def test_a_hook_that_calls_back_into_its_llama_is_refused(llm):
         list(llm("The sky is", max_tokens=12, temperature=0, logits_processor=ask, stream=True))
     with pytest.raises(RuntimeError, match="called from a logits_processor"):
         next(llm.generate(llm.tokenize(b"The sky is"), temp=0, logits_processor=ask))
+
+    def gen(ids, scores):  # generate() read inside a hook: refused before it touches the context
+        next(llm.generate(llm.tokenize(b"Cats"), temp=0))
+        return scores
+
+    for stream in (False, True):
+        with pytest.raises(RuntimeError, match="a stream or generate.. of a Llama was read from a logits_processor"):
+            out = llm("The sky is", max_tokens=12, temperature=0, logits_processor=gen, stream=stream)
+            list(out) if stream else out
+        assert llm.n_tokens == llm._ctx.n_past
     # Reading from the hook is fine: tokenize and the token rows.
     seen: list[int] = []
 
@@ -1005,6 +1015,7 @@ def test_bad_sample_rows_embed_inputs_and_response_formats_are_named(default_mod
     with pytest.raises(ContextOverflowError, match="an input of 101 tokens is longer than n_ctx 64"):
         llm.embed("word " * 100, truncate=False)
     assert len(llm.embed("word " * 100)) == llm.n_embd()  # truncated to n_ctx by default
+    assert llm.embed([np.array([1, 2, 3])[:].tolist(), [np.int64(1), np.int32(2), 3]]) == llm.embed([[1, 2, 3], [1, 2, 3]])
     with pytest.raises(ParameterTypeError, match="response_format must be a dict"):
         llm.create_chat_completion([{"role": "user", "content": "hi"}], response_format="json")
 

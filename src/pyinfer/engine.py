@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import os
 import threading
 from collections import OrderedDict, deque
@@ -249,7 +250,14 @@ class RequestHandle:
         if isinstance(item, BaseException):
             raise item
         if item is None and self._channel.error is not None:
-            raise self._channel.error
+            # A copy for each later reader (threads may share the first): the original's
+            # traceback stays its own, chained here as the cause.
+            err = self._channel.error
+            try:
+                again = copy.copy(err)
+            except Exception:  # one that cannot be copied is raised as it is
+                raise err from None
+            raise again from err
         return item
 
     def __iter__(self) -> Iterator[CompletionChunk]:

@@ -623,6 +623,9 @@ class GGUFWriter:
         # sees the old file or the whole new one, and a failed write leaves nothing behind.
         fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
         try:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, 0o666 & ~umask)  # as open() would make it (mkstemp's file is private)
             with os.fdopen(fd, "wb") as f:
                 self._write_body(f, head, offsets)
             os.replace(tmp, self.path)

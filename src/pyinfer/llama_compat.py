@@ -523,6 +523,7 @@ class _TurnLock:
         self._next = 0  # the next ticket to give out
         self._serving = 0  # the ticket whose turn it is
         self._given_up: set[int] = set()
+        self.in_hook = 0  # the owner is running a user's logits_processor or stopping_criteria
 
     def __enter__(self) -> None:
         me = threading.get_ident()
@@ -564,7 +565,7 @@ def _one_at_a_time(method: Callable[_P, _R]) -> Callable[_P, _R]:
     @functools.wraps(method)
     def locked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with args[0]._lock:  # type: ignore[attr-defined]
-            if args[0]._in_hook:  # type: ignore[attr-defined]
+            if args[0]._lock.in_hook:  # type: ignore[attr-defined]
                 raise RuntimeError(
                     f"Llama.{method.__name__}() was called from a logits_processor or stopping_criteria "
                     "of the same Llama, whose one context is in the middle of that completion: use "
@@ -598,6 +599,12 @@ class _Turns(Iterator[_R]):
         with self._lock:
             if self._inner is None:
                 raise StopIteration
+            if self._lock.in_hook:
+                raise RuntimeError(
+                    "a stream or generate() of a Llama was read from a logits_processor or stopping_criteria "
+                    "of the same Llama, whose one context is in the middle of that completion: use another "
+                    "Llama (or a pyinfer.Model) inside a hook"
+                )
             try:
                 return next(self._inner)
             except BaseException:
@@ -644,7 +651,6 @@ class Llama:
         "float16" or "q8_0"). Other llama-cpp-python keywords: see IGNORED_KWARGS / UNSUPPORTED_KWARGS.
         """
         self._lock = _TurnLock()  # calls from several threads take turns (_one_at_a_time)
-        self._in_hook = 0  # a user's logits_processor or stopping_criteria is running
         t0 = time.perf_counter()
         # Pickling a Llama (llama-cpp-python's __getstate__) loads it again from these.
         self._init_kwargs: dict[str, Any] = dict(
@@ -778,11 +784,11 @@ class Llama:
             return None
 
         def call(*args: Any) -> Any:
-            self._in_hook += 1
+            self._lock.in_hook += 1
             try:
                 return hooks(*args)
             finally:
-                self._in_hook -= 1
+                self._lock.in_hook -= 1
 
         return call
 
@@ -869,8 +875,10 @@ class Llama:
         for i, t in enumerate(items):
             if isinstance(t, str):
                 ids.append(self._tokenizer.tokenize(t))
-            elif isinstance(t, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in t):
-                ids.append(list(t))
+            elif isinstance(t, (list, tuple)) and all(
+                isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in t
+            ):
+                ids.append([int(v) for v in t])
             else:
                 raise ParameterTypeError(f"input[{i}] must be a str or a list of token ids, not {type(t).__name__}")
         limit = min(self._n_ctx, model.n_ctx)  # the model's own cap applies to embeddings too
