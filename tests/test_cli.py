@@ -46,9 +46,23 @@ def test_chat_keeps_history_and_resets(default_model, tmp_path):
     assert "(conversation cleared)" in r.stderr
 
 
+def test_a_chat_turn_past_the_context_is_refused_and_the_session_goes_on(default_model, tmp_path):
+    script = "Hello there, this is a long first message that will not fit in the context.\nHello.\n/exit\n"
+    r = pyinfer(tmp_path, "chat", "--model", str(default_model), "--ctx", "40", "--temperature", "0", "-n", "4",
+                "--verbose", stdin=script)
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"the conversation with this message is \d+ tokens, more than --ctx 40", r.stderr), r.stderr
+    # The refused turn is forgotten: the next one is answered from the system prompt and itself alone.
+    assert len(re.findall(r"prefill (\d+) tok", r.stderr)) == 1
+
+
 def test_bad_arguments_are_clear_errors(default_model, tmp_path):
     r = pyinfer(tmp_path, "run", "hi", "--model", str(default_model), "--temperature", "-1")
     assert r.returncode == 1 and "temperature must be >= 0" in r.stderr
+    r = pyinfer(tmp_path, "run", "a prompt much longer than the eight tokens the context holds here",
+                "--model", str(default_model), "--ctx", "8")
+    assert r.returncode == 1 and re.search(r"the prompt has \d+ tokens, more than --ctx 8 holds: shorten it, "
+                                           "or raise --ctx", r.stderr), r.stderr
     r = pyinfer(tmp_path, "run", "hi", "--model", "no-such-model")
     assert r.returncode == 1 and "known: " in r.stderr and "smollm2" in r.stderr
     # A prompt whose bytes are not UTF-8 (a shell passes them as they are) is named as such.

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, TextIO
 
-from pyinfer.errors import GGUFError
+from pyinfer.errors import ContextOverflowError, GGUFError
 from pyinfer.model import KV_DTYPES
 from pyinfer.registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotFoundError, pull, resolve_model
 from pyinfer.request import TOKEN_BUDGET
@@ -207,6 +207,11 @@ def _cmd_chat(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             history.pop()  # the reply was cut short: forget the question too
             continue
+        except ContextOverflowError as e:
+            history.pop()  # the conversation stays as it was, and the session goes on
+            print(f"(the conversation with this message is {e.n_tokens} tokens, more than --ctx {e.n_ctx}: "
+                  "/reset to start over, or start again with a larger --ctx)", file=sys.stderr)
+            continue
         print(flush=True)
         history.append({"role": "assistant", "content": text})
         if last is not None and last.timings is not None and args.verbose:
@@ -358,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`pyinfer info | head`): not an error
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - stops the flush at exit from failing
         return 0
+    except ContextOverflowError as e:
+        where = f"--ctx {e.n_ctx}" if getattr(args, "ctx", None) == e.n_ctx else f"the context ({e.n_ctx})"
+        print(f"pyinfer {args.command}: error: the prompt has {e.n_tokens} tokens, more than {where} holds: "
+              "shorten it" + (", or raise --ctx" if hasattr(args, "ctx") else ""), file=sys.stderr)
+        return 1
     except (GGUFError, ModelNotFoundError, RuntimeError, ValueError, MemoryError) as e:
         print(f"pyinfer {args.command}: error: {e}", file=sys.stderr)
         return 1
