@@ -19,9 +19,9 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import secrets
 import stat
 import struct
-import tempfile
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -621,11 +621,10 @@ class GGUFWriter:
         check_output_path(self.path)
         # Written beside it under a name of its own, then renamed over it: a reader of the path
         # sees the old file or the whole new one, and a failed write leaves nothing behind.
-        fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
+        # (Made as open() makes a file, the umask applied; O_EXCL: no other writer's name.)
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
-            umask = os.umask(0)
-            os.umask(umask)
-            os.fchmod(fd, 0o666 & ~umask)  # as open() would make it (mkstemp's file is private)
             with os.fdopen(fd, "wb") as f:
                 self._write_body(f, head, offsets)
             os.replace(tmp, self.path)

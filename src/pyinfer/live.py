@@ -76,8 +76,8 @@ class History:
         self._prev = (t, st.decode_rows)
         with self._lock:
             self._n += 1
-            self.samples.append({"n": self._n, "t": t, "running": max(running, st.running),
-                                 "waiting": max(waiting, st.waiting), "batch_size": st.batch_size,
+            self.samples.append({"n": self._n, "t": t, "running": running,
+                                 "waiting": waiting, "batch_size": st.batch_size,
                                  "kv_in_use": st.context_bytes_in_use, "kv_idle": st.context_bytes_idle,
                                  "tokens_per_s": rate})
 

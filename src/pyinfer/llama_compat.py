@@ -557,6 +557,16 @@ class _TurnLock:
         self._cond.notify_all()
 
 
+def _refuse_in_hook(lock: _TurnLock, what: str) -> None:
+    """RuntimeError if the lock's owner is inside one of its Llama's hooks: the one context is in
+    the middle of that completion (what: the call refused, as the sentence's subject)."""
+    if lock.in_hook:
+        raise RuntimeError(
+            f"{what} from a logits_processor or stopping_criteria of the same Llama, whose one context "
+            "is in the middle of that completion: use another Llama (or a pyinfer.Model) inside a hook"
+        )
+
+
 def _one_at_a_time(method: Callable[_P, _R]) -> Callable[_P, _R]:
     """A Llama method run under the object's lock: the context and its token and logit rows
     are shared state, so calls from several threads take turns (re-entrant: the methods call
@@ -565,12 +575,7 @@ def _one_at_a_time(method: Callable[_P, _R]) -> Callable[_P, _R]:
     @functools.wraps(method)
     def locked(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with args[0]._lock:  # type: ignore[attr-defined]
-            if args[0]._lock.in_hook:  # type: ignore[attr-defined]
-                raise RuntimeError(
-                    f"Llama.{method.__name__}() was called from a logits_processor or stopping_criteria "
-                    "of the same Llama, whose one context is in the middle of that completion: use "
-                    "another Llama (or a pyinfer.Model) inside a hook"
-                )
+            _refuse_in_hook(args[0]._lock, f"Llama.{method.__name__}() was called")  # type: ignore[attr-defined]
             return method(*args, **kwargs)
 
     return locked
@@ -599,12 +604,7 @@ class _Turns(Iterator[_R]):
         with self._lock:
             if self._inner is None:
                 raise StopIteration
-            if self._lock.in_hook:
-                raise RuntimeError(
-                    "a stream or generate() of a Llama was read from a logits_processor or stopping_criteria "
-                    "of the same Llama, whose one context is in the middle of that completion: use another "
-                    "Llama (or a pyinfer.Model) inside a hook"
-                )
+            _refuse_in_hook(self._lock, "a stream or generate() of a Llama was read")
             try:
                 return next(self._inner)
             except BaseException:
