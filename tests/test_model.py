@@ -228,6 +228,25 @@ def test_background_build_after_its_thread_is_gone():
             failing.result()
 
 
+def test_background_build_starts_at_go():
+    """The builder thread waits for go() (so that starting it does not hand it the GIL for a
+    switch interval while the loader waits); result() without go() starts it too."""
+    from pyinfer.model import _Background
+
+    started = threading.Event()
+
+    def work() -> int:
+        started.set()
+        return 7
+
+    job = _Background(work)
+    assert not started.wait(0.2)
+    job.go()
+    assert started.wait(30)
+    assert job.result() == 7
+    assert _Background(lambda: 8).result() == 8
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
 def test_fork_right_after_load_has_a_tokenizer(default_model):
     """os.fork() at once after Model.load (a server forking its workers): the child's tokenizer

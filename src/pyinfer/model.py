@@ -244,18 +244,27 @@ T = TypeVar("T")
 
 
 class _Background(Generic[T]):
-    """fn(*args) on a daemon thread; result() waits for its value or raises its exception. In a
-    process forked while it ran, where the thread does not exist, result() runs fn itself. (The
-    outcome is one attribute the thread sets, no lock a fork could leave held.)"""
+    """fn(*args) on a daemon thread, from go() on; result() waits for its value or raises its
+    exception. In a process forked while it ran, where the thread does not exist, result() runs
+    fn itself. (The outcome is one attribute the thread sets, no lock a fork could leave held.)
+
+    The thread waits for go() before it starts fn, so that the caller can move on to a call that
+    releases the GIL first: a thread that went straight to work would hold the GIL for a whole
+    switch interval (5 ms) while the caller waited."""
 
     def __init__(self, fn: Callable[..., T], *args: Any) -> None:
         self._fn, self._args = fn, args
         self._outcome: tuple[T | None, BaseException | None] | None = None
+        self._go = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pyinfer {getattr(fn, '__name__', 'task')}",
                                         daemon=True)
         self._thread.start()
 
+    def go(self) -> None:
+        self._go.set()
+
     def _run(self) -> None:
+        self._go.wait()
         try:
             self._outcome = (self._fn(*self._args), None)
         except BaseException as e:  # handed to whoever asks for the result
@@ -263,6 +272,7 @@ class _Background(Generic[T]):
 
     def result(self) -> T:
         if self._outcome is None and self._thread.is_alive():
+            self._go.set()
             self._thread.join()
         if self._outcome is None:  # forked mid-run: no thread in this process
             return self._fn(*self._args)
@@ -329,6 +339,7 @@ class Model:
         # releases the GIL), so that a first request does not wait for it; a model run on ids
         # alone never asks for it, and one that cannot be built fails when asked for.
         self._tokenizer_build = _Background(Tokenizer, reader.metadata)
+        self._tokenizer_build.go()  # the native model's build releases the GIL at once
         try:
             self._native = _C.Model(self.config.architecture, self.config.params(), tensors, bool(repack))
         except ValueError as e:
