@@ -190,6 +190,21 @@ def test_temperature_to_zero_becomes_greedy():
     assert {s.sample(x) for _ in range(500)} == {1}
 
 
+@pytest.mark.parametrize("t", [1e-38, 1e-39, 1e-45, 1e-300])
+def test_a_temperature_whose_inverse_overflows_float32_is_still_the_limit(t):
+    """Below about 2.9e-39, 1 / temperature is past float32's range: the best token's weight
+    was NaN, and the draw fell on any token. The limit is the argmax, ties drawn alike."""
+    x = np.array([0.0, 0.5, 0.45, -1.0, 0.5 - 2**-23], np.float32)
+    ids, probs = sampler(5, temperature=t).candidates(x)
+    p = dict(zip(ids.tolist(), probs.tolist()))
+    assert p[1] == 1.0 and max(v for i, v in p.items() if i != 1) < 1e-30
+    s = sampler(5, temperature=t, seed=5)
+    assert {s.sample(x) for _ in range(200)} == {1}
+    tied = np.array([0.5, -2.0, 0.5], np.float32)
+    s = sampler(3, temperature=t, seed=6)
+    assert {s.sample(tied) for _ in range(200)} == {0, 2}
+
+
 # ---- filters on a known distribution
 
 

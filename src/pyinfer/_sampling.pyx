@@ -283,7 +283,11 @@ cdef Py_ssize_t _filter(const float* x, Py_ssize_t n, float m, double temperatur
                         Py_ssize_t top_k, double top_p, double min_p, int32_t* idx, float* w,
                         float* scratch) noexcept nogil:
     cdef Py_ssize_t c, j, keep
-    cdef float inv_t = <float>(1.0 / temperature)
+    # 1 / temperature held to float32's range: past it (temperature below about 2.9e-39) the
+    # product with the best logit's 0 was NaN; FLT_MAX still sends every lower logit's weight
+    # to 0, the limit the temperature tends to, and ties keep equal weights.
+    cdef double inv = 1.0 / temperature
+    cdef float inv_t = <float>(inv if inv < FLT_MAX else FLT_MAX)
     cdef double z, target, min_p_log = -INFINITY
     cdef float floor = -FLT_MAX
     cdef float d
