@@ -229,6 +229,31 @@ def test_tool_calls(client):
         assert ei.value.body["param"] == field, ei.value.body
 
 
+def test_a_streamed_tool_call_keeps_its_logprobs(client):
+    # Held back until it is known to be a call, its text's tokens kept their logprobs only for
+    # the last chunk: the stream must carry every token's, as the whole reply does.
+    kw = {"model": "x", "messages": [{"role": "user", "content": "What is the weather like in Paris?"}],
+          "tools": [WEATHER], "tool_choice": "required", "max_tokens": 80, "temperature": 0, "logprobs": True,
+          "top_logprobs": 2}
+    whole = client.chat.completions.create(**kw)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    want = [(t.token, t.logprob) for t in whole.choices[0].logprobs.content]
+    assert len(want) == whole.usage.completion_tokens > 1
+    chunks = list(client.chat.completions.create(**kw, stream=True))
+    got = [(t.token, t.logprob) for c in chunks if c.choices and c.choices[0].logprobs
+           for t in c.choices[0].logprobs.content]
+    assert got == want
+
+
+def test_a_tool_schema_that_does_not_compile_names_tools(client):
+    bad = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/nope"}}}}}
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "hi"}], tools=[bad],
+                                       tool_choice="required", max_tokens=4)
+    assert ei.value.body["param"] == "tools", ei.value.body  # not json_schema, which the client never sent
+
+
 def test_embeddings(client, model):
     import numpy as np
 
@@ -242,9 +267,61 @@ def test_embeddings(client, model):
     with pytest.raises(openai.BadRequestError) as ei:
         client.embeddings.create(model="x", input="word " * 600)
     assert ei.value.body["param"] == "input" and "n_ctx" in ei.value.body["message"]
+    for bad in ("word " * 600, ""):  # named by its place in the input, whichever job it falls in
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.embeddings.create(model="x", input=["word " * 500, "short", bad])
+        assert ei.value.body["param"] == "input" and "input[2]" in ei.value.body["message"], ei.value.body
     with pytest.raises(openai.BadRequestError) as ei:
         client.embeddings.create(model="x", input=[])
     assert ei.value.body["param"] == "input"
+
+
+def test_a_big_embeddings_request_does_not_hold_up_the_running_sequences(model, monkeypatch):
+    # Its texts are embedded about a forward pass at a time, a scheduler step between two: as
+    # one job, the running sequences waited for all of it (a minute for 256 texts of 300 tokens).
+    import numpy as np
+    from starlette.testclient import TestClient
+
+    from pyinfer.server import create_app
+
+    texts = [f"{i} " + "word " * 200 for i in range(6)]  # about 200 tokens each: two per pass of 512
+    want = model.embed(texts)
+    steps = []
+    embed = model.embed
+
+    def spy(*args, **kwargs):
+        steps.append(engine.stats().steps)
+        return embed(*args, **kwargs)
+
+    monkeypatch.setattr(model, "embed", spy)
+    with Engine(model) as engine, TestClient(create_app(engine, model_name="m")) as tc:
+        banned = {t: float("-inf") for t in model.tokenizer.eot_ids}
+        h = engine.submit(PROMPT, max_tokens=None, temperature=0, logit_bias=banned)
+        next(h)  # running until the context is full
+        r = tc.post("/v1/embeddings", json={"input": texts, "encoding_format": "float"})
+        assert r.status_code == 200
+        assert not h.finished
+        h.cancel()
+    got = np.array([d["embedding"] for d in r.json()["data"]], np.float32)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert len(steps) == 3 and steps[0] < steps[1] < steps[2], steps
+
+
+def test_an_embeddings_client_that_gives_up_drops_the_rest_of_its_texts(server):
+    # Some 20 s of embedding; the client waits 1 s. The jobs not run yet are dropped, so a
+    # completion after it decodes at full speed, not one job of embedding per token.
+    auth = {"Authorization": f"Bearer {KEY}"}
+    texts = [" ".join(f"word{j}" for j in range(100)) + f" {i}" for i in range(80)]
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server}/v1/embeddings", json={"input": texts}, headers=auth, timeout=httpx.Timeout(30, read=1.0))
+    time.sleep(1.5)  # the server checks the connection every 0.25 s; the job running then ends
+    sent = time.monotonic()
+    r = httpx.post(f"{server}/v1/completions", headers=auth, timeout=120,
+                   json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0})
+    took = time.monotonic() - sent
+    t = r.json()["timings"]
+    assert took < 5, took  # not after the rest of the embedding
+    assert t["predicted_ms"] / (t["predicted_n"] - 1) < 100, t  # nor a job between two steps (~500 ms)
 
 
 def test_stop_strings(client):
@@ -259,6 +336,65 @@ def test_stop_strings(client):
                                               stream=True))
     assert "".join(ch.choices[0].text for ch in streamed) == want
     assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_streamed_text_offsets_count_the_held_text(client):
+    # A token whose last character may begin a stop string is sent without it; the next
+    # chunk's offsets counted from the text sent, one short of where its tokens' text starts.
+    full = client.completions.create(model="x", prompt=PROMPT, max_tokens=12, temperature=0, logprobs=0)
+    tokens = full.choices[0].logprobs.tokens
+    k = next(i for i, t in enumerate(tokens[:-1]) if len(t) >= 2)
+    kw = {"model": "x", "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "logprobs": 0,
+          "stop": [tokens[k][-1] + "\u2603"]}  # held after token k, released by the next
+    whole = client.completions.create(**kw).choices[0]
+    chunks = list(client.completions.create(**kw, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.text
+    offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == whole.logprobs.text_offset
+
+
+def test_a_logit_bias_that_bans_every_allowed_token_is_the_requests_fault(server):
+    # -1e400 is valid JSON for -inf (a ban); with the only token the choice allows banned,
+    # nothing can be sampled: a 400 naming logit_bias, where it was a 500.
+    auth = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    (a,) = httpx.post(f"{server}/tokenize", json={"content": "a"}, headers=auth).json()["tokens"]
+    body = f'{{"prompt": "{PROMPT}", "max_tokens": 4, "guided_choice": ["a"], "logit_bias": {{"{a}": -1e400}}'
+    r = httpx.post(f"{server}/v1/completions", content=body + "}", headers=auth, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logit_bias", r.text
+    assert "bans every token" in r.json()["error"]["message"]
+    r = httpx.post(f"{server}/v1/completions", content=body + ', "stream": true}', headers=auth, timeout=60)
+    err = json.loads(r.text.strip().split("\n\n")[-1].removeprefix("data: "))["error"]
+    assert err["param"] == "logit_bias" and err["type"] == "invalid_request_error", err
+
+
+def test_tokenize_and_detokenize_run_off_the_event_loop(model, monkeypatch):
+    # A long text takes seconds to tokenize: on the event loop, every stream and /health waits.
+    from starlette.testclient import TestClient
+
+    from pyinfer.server import create_app
+
+    def on_loop() -> bool:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return False
+        return True
+
+    seen = []
+
+    def spy(f):
+        def call(*args, **kwargs):
+            seen.append(on_loop())
+            return f(*args, **kwargs)
+        return call
+
+    tok = model.tokenizer
+    for name in ("tokenize", "detokenize"):
+        monkeypatch.setattr(tok, name, spy(getattr(tok, name)))
+    with Engine(model) as engine, TestClient(create_app(engine, model_name="m")) as tc:
+        ids = tc.post("/tokenize", json={"content": "Hello there", "with_pieces": True}).json()["tokens"]
+        assert tc.post("/detokenize", json={"tokens": [t["id"] for t in ids]}).json()["content"] == "Hello there"
+    assert seen and not any(seen)
 
 
 def test_errors_are_openai_shaped(client, server):
@@ -326,6 +462,8 @@ def test_errors_are_openai_shaped(client, server):
                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}]},
                                "messages"),
                               ("/tokenize", {"content": "\ud800"}, "content"),
+                              ("/v1/completions", {"prompt": "hi", "guided_regex": "a\ud800"}, "guided_regex"),
+                              ("/v1/completions", {"prompt": "hi", "grammar": 'root ::= "\udc80"'}, "grammar"),
                               ("/v1/embeddings", {"input": ["ok", "b\udc80"]}, "input")):
         r = httpx.post(f"{server}{path}", content=json.dumps(body).encode(),  # ASCII: "\\ud800" escapes
                        headers={**auth, "Content-Type": "application/json"})

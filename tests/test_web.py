@@ -420,7 +420,11 @@ def test_page_files_and_live_feed(server):
     assert httpx.get(f"{server}/web/..%2Fserver.py").status_code == 404
     live = httpx.get(f"{server}/live.json").json()
     assert live["n_ctx"] == N_CTX and live["max_batch"] == MAX_BATCH and live["now"]["kv_budget"] > 0
-    assert httpx.get(f"{server}/live.json?since=-1").status_code == 400
+    # Not a sample number: a 400 naming it, where a digit int() refuses ("²") or one past its
+    # length limit was a 500.
+    for since in ("-1", "\u00b2", "9" * 5000):
+        r = httpx.get(f"{server}/live.json", params={"since": since})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "since", since
 
 
 def test_with_an_api_key_the_page_is_open_and_its_data_is_not(default_model):

@@ -234,6 +234,11 @@ _JSON_OPTIONS = {"whitespace_pattern": r"(?: |\n[ \t]{0,20})?"}
 def _text(name: str, value: object) -> str:
     if not isinstance(value, str):
         raise ParameterTypeError(f"{name} must be a str, not {type(value).__name__}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:  # llguidance takes UTF-8 text only
+        raise ConstraintError(f"the {name} is not valid Unicode text: a lone surrogate at character "
+                              f"{e.start}") from None
     return value
 
 

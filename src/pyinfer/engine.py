@@ -478,7 +478,8 @@ class Engine:
 
     def embed(self, texts: str | Sequence[str] | Sequence[Sequence[int]], **kwargs: Any) -> Future[np.ndarray]:
         """Model.embed(texts, **kwargs) run on the scheduler thread between two steps (the
-        model is the engine's): a Future of the embeddings."""
+        model is the engine's; one job between two steps, so a caller with much to embed
+        splits it): a Future of the embeddings, which cancel() drops while it waits."""
         fut: Future[np.ndarray] = Future()
         with self._cond:
             if self._closed:
@@ -572,14 +573,15 @@ class Engine:
                     self._cond.wait_for(lambda: self._closed or bool(self._waiting or self._running or self._jobs))
                     if self._closed:
                         break
-                    jobs = list(self._jobs)
-                    self._jobs.clear()
-                for fn, fut in jobs:
-                    if fut.set_running_or_notify_cancel():
-                        try:
-                            fut.set_result(fn())
-                        except Exception as e:
-                            fut.set_exception(e)
+                    # One job between two steps: the running sequences wait for one, not for
+                    # every job queued (a big embeddings request comes as many).
+                    job = self._jobs.popleft() if self._jobs else None
+                if job is not None and job[1].set_running_or_notify_cancel():
+                    fn, fut = job
+                    try:
+                        fut.set_result(fn())
+                    except Exception as e:
+                        fut.set_exception(e)
                 if self._waiting or self._running:
                     self._step()
         except BaseException as e:  # a bug in the scheduler: fail every request, not hang them

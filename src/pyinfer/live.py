@@ -178,7 +178,8 @@ def install(app: FastAPI, engine: Engine, model_name: str) -> History:
     @app.get("/live.json")
     async def live(request: HTTPRequest) -> JSONResponse:
         raw = request.query_params.get("since", "0")
-        if not raw.isdigit():
+        # ASCII digits, fewer than int() refuses: isdigit() takes "²" and other digits int() does not
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
             return APIError(400, f"since must be a sample number (>= 0), got {raw!r}", param="since").response()
         return JSONResponse(snapshot(engine, history, model_name, int(raw)), headers={"Cache-Control": "no-store"})
 

@@ -216,15 +216,17 @@ def text_completion(
 
 
 def completion_logprobs(
-    tokenizer: Tokenizer, ids: Sequence[int], lps: Sequence[TokenLogprob | None], offset: int
+    tokenizer: Tokenizer, ids: Sequence[int], lps: Sequence[TokenLogprob | None], offset: int,
+    prefix: bytes = b"",
 ) -> CompletionLogprobs:
-    """The completion logprobs of tokens whose text starts at character `offset`; an entry
-    of None in lps gives null values (the first echoed prompt token)."""
+    """The completion logprobs of tokens whose text starts at character `offset`, after the
+    bytes `prefix` (the tokens before them: a stream's earlier chunks); an entry of None in
+    lps gives null values (the first echoed prompt token)."""
     tokens: list[str] = []
     offsets: list[int] = []
     token_lps: list[float | None] = []
     top: list[dict[str, float] | None] = []
-    done = b""
+    done = prefix
     for tok, lp in zip(ids, lps):
         offsets.append(offset + len(done.decode("utf-8", errors="ignore")))
         piece = tokenizer.detokenize([tok], special=False)

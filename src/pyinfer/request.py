@@ -162,6 +162,11 @@ class StepResult:
     finished: bool
 
 
+class BannedError(ValueError):
+    """The request's logit_bias bans (-inf) every token that may come next: all of the
+    vocabulary, or all its constraint allows there. Its own doing, found as it samples."""
+
+
 # ---- argument checks
 
 
@@ -540,7 +545,14 @@ class Request:
             # of what was sampled from.
             logits = self.constraint.masked(logits)
             tm.constraint_s += perf_counter() - ts
-        tok = sampler.sample(logits, self.history)
+        try:
+            tok = sampler.sample(logits, self.history)
+        except ValueError:
+            if np.isneginf(sampler.adjusted(logits, self.history)).all():
+                allowed = "the constraint allows" if self.constraint is not None else "there is"
+                raise BannedError(f"logit_bias bans every token {allowed} at token {self._n}: nothing can be "
+                                  "sampled") from None
+            raise
         lp = sampler.logprob(logits, tok) if self._want_lp else None
         self._t_last = perf_counter()
         tm.sample_s += self._t_last - ts

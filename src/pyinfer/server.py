@@ -38,7 +38,7 @@ from pyinfer import live, openai_types
 from pyinfer.constraint import ConstraintError
 from pyinfer.engine import TOKEN_BUDGET, Engine, RequestHandle
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, OverloadedError
-from pyinfer.request import Completion, CompletionChunk, Request, stop_strings
+from pyinfer.request import BannedError, Completion, CompletionChunk, Request, stop_strings
 from pyinfer.sampling import SamplingParams
 from pyinfer.tools import ToolError, parse_tool_call, parse_tools, tool_call_schema, tools_message
 
@@ -409,9 +409,13 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     install_error_handlers(app)
 
     async def submit(prompt: str | list[int], kwargs: dict[str, Any], started: float,
-                     prompt_param: str, body: Mapping[str, Any]) -> tuple[RequestHandle, str | None]:
-        """The request's handle, and the field its constraint came from (None: no constraint)."""
+                     prompt_param: str, body: Mapping[str, Any],
+                     constraint_param: str | None = None) -> tuple[RequestHandle, str | None]:
+        """The request's handle, and the field its constraint came from (None: no constraint;
+        constraint_param: the field to name instead, for a constraint the server made of it)."""
         constraint, constraint_field = _constraint(body)
+        if constraint_field is not None and constraint_param is not None:
+            constraint_field = constraint_param
         kwargs = {**kwargs, **constraint}
         try:
             handle = await run_in_threadpool(lambda: engine.submit(prompt, started=started, **kwargs))
@@ -434,7 +438,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     async def result(handle: RequestHandle, request: HTTPRequest, constraint_field: str | None) -> Completion:
         """The whole completion; a client that disconnects before it is done cancels it. A
         constraint that fails on the way (a regex the matcher cannot grow its automaton for)
-        is the request's fault: 400, naming the field it came from."""
+        is the request's fault: 400, naming the field it came from; so is a logit_bias that
+        bans every token the constraint allows."""
         task = asyncio.ensure_future(handle.aresult())
         try:
             while True:
@@ -444,6 +449,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                         return task.result()
                     except ConstraintError as e:
                         raise APIError(400, str(e), param=constraint_field) from None
+                    except BannedError as e:
+                        raise APIError(400, str(e), param="logit_bias") from None
                 if await request.is_disconnected():
                     handle.cancel()
         finally:
@@ -451,8 +458,41 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                 handle.cancel()
                 task.cancel()
 
-    def logprobs_of(ids: Sequence[int], lps: Any, offset: int) -> openai_types.CompletionLogprobs:
-        return openai_types.completion_logprobs(tokenizer, ids, list(lps or []), offset)
+    async def embedded(ids: list[list[int]], request: HTTPRequest) -> list[Any] | None:
+        """The embeddings of ids, in engine jobs of about one forward pass each (n_batch
+        tokens, or one longer text), so that the running sequences' steps go on between them;
+        a client that disconnects cancels the jobs not yet run (None)."""
+        for i, t in enumerate(ids):  # checked here: each job numbers its own texts from 0
+            if not t:
+                raise ValueError(f"input[{i}] has no tokens")
+            if len(t) > model.n_ctx:
+                raise ContextOverflowError(f"input[{i}] has {len(t)} tokens, more than n_ctx = {model.n_ctx}", len(t),
+                                           model.n_ctx)
+        groups: list[list[list[int]]] = []
+        n = 0
+        for t in ids:
+            if not groups or n + len(t) > model.n_batch:
+                groups.append([])
+                n = 0
+            groups[-1].append(t)
+            n += len(t)
+        futs = [engine.embed(g) for g in groups]
+        every = asyncio.gather(*map(asyncio.wrap_future, futs))
+        every.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, whatever the outcome
+        try:
+            while True:
+                done, _ = await asyncio.wait({every}, timeout=0.25)
+                if done:
+                    return [v for vecs in every.result() for v in vecs]
+                if await request.is_disconnected():
+                    return None
+        finally:
+            every.cancel()  # done: nothing; else the client has gone, and the jobs not run are dropped
+            for f in futs:
+                f.cancel()
+
+    def logprobs_of(ids: Sequence[int], lps: Any, offset: int, prefix: bytes = b"") -> openai_types.CompletionLogprobs:
+        return openai_types.completion_logprobs(tokenizer, ids, list(lps or []), offset, prefix)
 
     def chat_logprobs_of(ids: Sequence[int], lps: Any) -> openai_types.ChatLogprobs:
         return openai_types.chat_token_logprobs(tokenizer, ids, list(lps or []))
@@ -468,6 +508,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             yield "data: [DONE]\n\n"
         except ConstraintError as e:  # as in result(), after the status went out: the last event
             yield APIError(400, str(e), param=constraint_field).event()
+        except BannedError as e:
+            yield APIError(400, str(e), param="logit_bias").event()
         except Exception as e:  # the status has gone out: the error becomes the last event
             yield APIError(500, f"internal error: {e!r}", type="server_error").event()
         finally:
@@ -504,17 +546,23 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         if not isinstance(content, str):
             raise _bad("content", "content must be a string")
         add_bos = _opt_bool(body, "add_special")
+        with_pieces = _opt_bool(body, "with_pieces")
+
+        def run() -> JSONResponse:
+            ids: list[Any] = tokenizer.tokenize(content, add_bos=add_bos, special=True)
+            if with_pieces:
+                ids = [{"id": i, "piece": tokenizer.detokenize([i]).decode("utf-8", errors="replace")} for i in ids]
+            return JSONResponse({"tokens": ids})
+
         try:
-            ids = tokenizer.tokenize(content, add_bos=add_bos, special=True)
+            # Off the event loop (the reply's JSON too), as the other routes tokenize: a long
+            # text takes seconds, which every other request (streams, /health) would wait for.
+            return await run_in_threadpool(run)
         except ValueError as e:  # a lone surrogate
             raise _bad("content", str(e)) from None
-        if _opt_bool(body, "with_pieces"):
-            pieces = [{"id": i, "piece": tokenizer.detokenize([i]).decode("utf-8", errors="replace")} for i in ids]
-            return JSONResponse({"tokens": pieces})
-        return JSONResponse({"tokens": ids})
 
     @app.post("/v1/embeddings")
-    async def embeddings(request: HTTPRequest) -> JSONResponse:
+    async def embeddings(request: HTTPRequest) -> Response:
         body = await _json_body(request, max_body_bytes)
         _common(body)
         inp = body.get("input")
@@ -533,11 +581,13 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             # Tokenized once here (a lone surrogate is a ValueError too): the engine embeds the
             # ids, and usage counts them.
             ids = await run_in_threadpool(lambda: [t if isinstance(t, list) else tokenizer.tokenize(t) for t in items])
-            vecs = await asyncio.wrap_future(engine.embed(ids))
+            vecs = await embedded(ids, request)
         except ContextOverflowError as e:
             raise APIError(400, str(e), param="input", code="context_length_exceeded") from None
         except ValueError as e:
             raise _bad("input", str(e)) from None
+        if vecs is None:  # the client has gone
+            return Response(status_code=499)
         n = sum(map(len, ids))
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode() if fmt == "base64" else v.tolist()}
@@ -554,7 +604,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         bad = next((i for i in ids if not 0 <= i < model.n_vocab), None)
         if bad is not None:
             raise _bad("tokens", f"token id {bad} is outside the vocabulary [0, {model.n_vocab})")
-        return JSONResponse({"content": tokenizer.detokenize(ids).decode("utf-8", errors="replace")})
+        text = await run_in_threadpool(lambda: tokenizer.detokenize(ids).decode("utf-8", errors="replace"))
+        return JSONResponse({"content": text})
 
     @app.post("/v1/completions")
     async def completions(request: HTTPRequest) -> Response:
@@ -586,16 +637,20 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
             out["timings"] = openai_types.server_timings(c.timings)
             return JSONResponse(out)
 
-        offset = [len(prompt_text)]
+        # The bytes of the tokens streamed so far: text_offset counts their text, as in a whole
+        # completion (a chunk's text lags its tokens while a possible stop string is held back).
+        done = [b""]
         n_out = [0]
 
         def events(ch: CompletionChunk) -> list[Any]:
             evs: list[Any] = []
-            lp = logprobs_of(ch.token_ids, ch.logprobs, offset[0]) if n_lp is not None and ch.token_ids else None
+            lp = None
+            if n_lp is not None and ch.token_ids:
+                lp = logprobs_of(ch.token_ids, ch.logprobs, len(prompt_text), done[0])
+                done[0] += tokenizer.detokenize(ch.token_ids, special=False)
             n_out[0] += len(ch.token_ids)
             if ch.text:
                 evs.append(shape(ch.text, lp, None))
-                offset[0] += len(ch.text)
                 lp = None
             if ch.finish_reason is not None:
                 last = shape("", lp, _finish(ch.finish_reason))
@@ -647,7 +702,9 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         except (ValueError, ChatTemplateError) as e:
             raise _bad("messages", str(e)) from None
         kwargs = {**_sampling(body), "stop": _stop(body), "logprobs": n_lp, "max_tokens": max_tokens}
-        handle, constraint_field = await submit(ids, kwargs, started, "messages", body)
+        # A required call's schema is made of the tools: its errors name them.
+        forced = "tools" if spec is not None and spec.forced is not None else None
+        handle, constraint_field = await submit(ids, kwargs, started, "messages", body, forced)
         cid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         handle.label = cid
 
@@ -671,6 +728,8 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         n_out = [0]
         # With tools, text that may be a call is held back until it is known to be one or not.
         held: list[str] | None = [] if spec is not None else None
+        held_ids: list[int] = []  # the tokens of the held text, and their logprobs
+        held_lps: list[Any] = []
 
         def events(ch: CompletionChunk) -> list[Any]:
             nonlocal held
@@ -679,24 +738,27 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
                 first[0] = False
                 evs.append(openai_types.chat_chunk(cid, model_name, created, {"role": "assistant", "content": ""},
                                                    None, None))
-            lp = None
-            if n_lp is not None and ch.token_ids:
-                lp = chat_logprobs_of(ch.token_ids, ch.logprobs)
             n_out[0] += len(ch.token_ids)
             text = ch.text
+            ids, lps = ch.token_ids, list(ch.logprobs or [])  # the tokens the next delta covers
             finish = _finish(ch.finish_reason) if ch.finish_reason is not None else None
             if held is not None:
                 held.append(text)
+                held_ids.extend(ids)
+                held_lps.extend(lps)
+                ids, lps = held_ids, held_lps  # released with the held text, or the call
                 so_far = "".join(held).lstrip()
                 maybe_call = spec is not None and (spec.forced is not None or not so_far or so_far.startswith("{"))
                 if maybe_call and finish is None:
-                    text = ""
+                    text, ids = "", []
                 elif maybe_call and spec is not None and (call := parse_tool_call("".join(held), spec)) is not None:
+                    lp = chat_logprobs_of(ids, lps) if n_lp is not None and ids else None
                     evs.append(openai_types.chat_chunk(cid, model_name, created,
                                                        {"tool_calls": [call.as_openai(0)]}, lp, None))
-                    text, lp, finish, held = "", None, "tool_calls", None
+                    text, ids, finish, held = "", [], "tool_calls", None
                 else:
                     text, held = "".join(held), None
+            lp = chat_logprobs_of(ids, lps) if n_lp is not None and ids else None
             if text:
                 evs.append(openai_types.chat_chunk(cid, model_name, created, {"content": text}, lp, None))
                 lp = None
