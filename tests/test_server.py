@@ -608,6 +608,9 @@ def test_overload_answers_503_and_the_server_keeps_serving(model):
         assert b.result(60).finish_reason == "length"
         r = tc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        # A request whose context alone is past the budget: a 400 naming max_tokens, not a 503.
+        r = tc.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 500})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "max_tokens", r.text
     assert engine.closed  # the app's shutdown closed it
 
 

@@ -455,9 +455,9 @@ class Engine:
         )
         need = self.context_bytes_for(n_ctx)
         if need > self.kv_budget_bytes:
-            raise ValueError(
-                f"the request needs a context of {n_ctx} tokens ({need} bytes of KV cache and "
-                f"scratch), more than the engine's budget of {self.kv_budget_bytes} bytes: "
+            raise ValueError(  # worded from max_tokens, so that the server names that field
+                f"max_tokens with the prompt asks for a context of {n_ctx} tokens ({need} bytes of KV "
+                f"cache and scratch), more than the engine's budget of {self.kv_budget_bytes} bytes: "
                 "lower max_tokens"
             )
         handle = RequestHandle(self, req, n_ctx, perf_counter(), t0)
