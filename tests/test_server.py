@@ -462,6 +462,8 @@ def test_errors_are_openai_shaped(client, server):
                               ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\udfff"}]},
                                "messages"),
                               ("/tokenize", {"content": "\ud800"}, "content"),
+                              ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "tools": [
+                                  {"type": "function", "function": {"name": "f\udc80"}}]}, "tools"),
                               ("/v1/completions", {"prompt": "hi", "guided_regex": "a\ud800"}, "guided_regex"),
                               ("/v1/completions", {"prompt": "hi", "grammar": 'root ::= "\udc80"'}, "grammar"),
                               ("/v1/embeddings", {"input": ["ok", "b\udc80"]}, "input")):

@@ -74,6 +74,11 @@ def parse_tools(tools: object, tool_choice: object) -> ToolSpec | None:
         if not isinstance(params, Mapping):
             raise ToolError("tools", f"tools[{i}].function.parameters must be a JSON schema object")
         fns.append({**fn, "parameters": params})
+    try:  # rendered into the prompt, they must be text the tokenizer takes
+        json.dumps(fns, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ToolError("tools", f"tools are not valid Unicode text: a lone surrogate at character {e.start} "
+                                 "of their JSON") from None
     names = [f["name"] for f in fns]
     if len(set(names)) != len(names):
         raise ToolError("tools", "tools: two functions have the same name")
