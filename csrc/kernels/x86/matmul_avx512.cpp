@@ -746,6 +746,7 @@ PYINFER_INLINE void tile(int type, const uint8_t* group, const block_q8a* x, int
 }
 
 constexpr int64_t kWideTileMaxK = 1024;
+constexpr int64_t kFetchAheadMinRows = 4;
 
 PYINFER_INLINE void packed_rows(int type, bool gemv_ahead, const void* w, int64_t rb, const block_q8a* xq, int64_t M,
                                 int64_t K, int64_t n_rows, float* y, int64_t ldy) {
@@ -757,7 +758,10 @@ PYINFER_INLINE void packed_rows(int type, bool gemv_ahead, const void* w, int64_
   // faster. The K-quants, whose unpacking and scales cost more per block, gain at any K
   // (docs/tuning.md, "eight activation rows per tile").
   const bool wide = type_traits(type).block_elems == QK_K || K <= kWideTileMaxK;
-  const bool fetch_ahead = M >= 2 || gemv_ahead;
+  // Two or three activation rows stream as a GEMV does (gemv_ahead): their tiles are short
+  // enough that the hardware prefetcher keeps up where it does for one row (docs/tuning.md,
+  // "tiles of two and three rows left to the hardware prefetcher").
+  const bool fetch_ahead = M >= kFetchAheadMinRows || gemv_ahead;
   if (M >= 2)  // the first group: all of its lines requested at once, not found one by one
     for (int64_t o = 0; o < group_bytes; o += 64) _mm_prefetch(static_cast<const char*>(w) + o, _MM_HINT_T0);
   static thread_local UnitBuffer buffer;
