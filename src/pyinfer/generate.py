@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
 
 import numpy as np
 
-from pyinfer.lookup import PromptLookup
+from pyinfer.lookup import PassCosts, PromptLookup
 from pyinfer.request import (
     CancelToken,
     Completion,
@@ -78,8 +78,9 @@ class DraftingContext(SequenceContext, Protocol):
     """A context that speculative decoding can drive: every row of a pass, and a truncation
     (Context is one)."""
 
-    def eval(self, ids: list[int], *, all_logits: bool = False) -> np.ndarray:
-        """As SequenceContext.eval; with all_logits, the rows of every id [len(ids), n_vocab]."""
+    def eval(self, ids: list[int], *, all_logits: bool = False, out: np.ndarray | None = None) -> np.ndarray:
+        """As SequenceContext.eval; with all_logits, the rows of every id [len(ids), n_vocab],
+        written into `out` (of that shape, float32) when given."""
         ...
 
     def truncate(self, n: int) -> None:
@@ -201,10 +202,10 @@ def generate(
     return chunks if stream else req.completion(chunks)
 
 
-def _lookup(draft: int) -> PromptLookup | None:
+def _lookup(draft: int, costs: PassCosts | None = None) -> PromptLookup | None:
     if isinstance(draft, bool) or not isinstance(draft, (int, np.integer)) or not 0 <= draft <= 64:
         raise ValueError(f"draft must be an int in [0, 64], got {draft!r}")
-    return PromptLookup(max_draft=int(draft)) if draft else None
+    return PromptLookup(max_draft=int(draft), costs=costs) if draft else None
 
 
 def _drive(
@@ -227,6 +228,7 @@ def _drive(
     if lookup is not None:
         lookup.extend(ids)
     r = req.step(logits, eval_s=spent)
+    rows_buf: np.ndarray | None = None  # a pass's rows, reused from pass to pass
     while True:
         if r.chunk is not None:
             yield r.chunk
@@ -241,15 +243,23 @@ def _drive(
         t = perf_counter()
         if not guess:
             logits = ctx.eval([tok])
-            r = req.step(logits, eval_s=perf_counter() - t)
+            eval_s = perf_counter() - t
+            if lookup is not None:
+                lookup.passed(1, eval_s)
+            r = req.step(logits, eval_s=eval_s)
             continue
         # The sampled token and the guess in one pass; row i is valid while every guessed
         # token before it is the one sampled.
         assert lookup is not None
         dctx = cast("DraftingContext", ctx)
         start = dctx.n_past
-        rows = dctx.eval([tok, *guess], all_logits=True)
+        n = 1 + len(guess)
+        if rows_buf is None or len(rows_buf) < n:
+            rows_buf = np.empty((1 + lookup.max_draft, logits.shape[-1]), np.float32)
+            t = perf_counter()
+        rows = dctx.eval([tok, *guess], all_logits=True, out=rows_buf[:n])
         eval_s = perf_counter() - t
+        lookup.passed(len(rows), eval_s)
         kept = 0
         for i, row in enumerate(rows):
             r = req.step(row, eval_s=eval_s if i == 0 else 0.0)
@@ -275,8 +285,8 @@ def _guess(lookup: PromptLookup, token: int, ctx: SequenceContext) -> list[int]:
 
 # ---- Model.generate and Model.chat
 
-# Tokens guessed per pass by default on the fast path: a pass of 9 rows costs about what a
-# one-token step costs there (the weights are read once), so a wrong guess costs little.
+# The most tokens guessed per pass by default on the fast path; the lookup sends fewer, or
+# none, where the passes' measured costs and the guesses kept so far say more would not pay.
 DEFAULT_DRAFT = 8
 
 
@@ -286,6 +296,7 @@ class ContextPool:
 
     def __init__(self, model: Model) -> None:
         self.model = model
+        self.costs = PassCosts()  # its passes' costs by row count, which the drafts' lengths weigh
         self._idle: list[Context] = []
         self._lock = threading.Lock()
 
@@ -363,9 +374,9 @@ def model_generate(
     )
     if draft is None:
         draft = DEFAULT_DRAFT if model.precision == "fast" else 0
-    lookup = _lookup(draft)
-    tokenizer = model.tokenizer
     pool = context_pool(model)
+    lookup = _lookup(draft, pool.costs)
+    tokenizer = model.tokenizer
     ctx = pool.acquire()
     try:
         req = Request(

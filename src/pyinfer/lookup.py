@@ -12,73 +12,210 @@ pass: its row gives the next token, and the positions after it are dropped from 
 Every token still comes from the Request's own sampler, in order, from the logits the plain
 loop would have computed (bit for bit on the fast path, whose rows do not depend on what else
 a pass holds), so the output is the plain loop's for any sampling parameters and seed; only
-how many passes it takes changes. Nothing is drafted where no n-gram matches, and the draft
-length adapts to how much of the last draft was kept.
+how many passes it takes changes.
+
+How long a draft to send is a trade: a pass of more rows costs more (little more while the
+weights' stream dominates, about a fifth of a step per row once the arithmetic does), and
+each guessed token is kept only if all before it were. The lookup sends the length that
+maximizes the tokens a pass is expected to give per unit of its cost,
+(1 + E[tokens kept]) / cost(1 + length), nothing where no length beats a plain step. The
+chance that a guessed token is kept grows with how long the match it continues already is
+(the n-gram found, extended back, plus the guesses before it); the lookup learns it per match
+length as the sequence goes, from every guess it could have made (also those it did not
+send: the tokens sampled next tell), starting from a prior. PassCosts learns the costs from
+the passes' times.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["PromptLookup"]
+__all__ = ["PassCosts", "PromptLookup"]
+
+MAX_MATCH = 16  # match lengths from here on share one estimate of acceptance
+
+
+def prior_keep(length: int) -> float:
+    """The prior chance that the token after a match of `length` tokens is the one the
+    occurrence continues with: about a quarter after one token, a half after two, nine in
+    ten from six on (what small chat models do on tasks that copy their input)."""
+    return 0.95 - 0.7 * 0.6 ** (length - 1)
+
+
+def prior_cost(rows: int) -> float:
+    """The prior cost of a pass of `rows` rows, in one-row passes: a fifth of a step per
+    extra row (a compute-bound pass on one core; shorter passes, still bound by the weights'
+    stream, cost less, and the measurements say so once they are run)."""
+    return 1.0 + 0.2 * (rows - 1)
+
+
+class PassCosts:
+    """What a forward pass of r rows costs, as a multiple of a one-row pass, for r >= 2: a
+    line in r fitted to the measured passes, so that every pass informs every length (one
+    that has never been sent, or was sent at an unlucky moment, is not judged on its own
+    few times). Each pass of r rows is timed against the median of the last few one-row
+    passes, so that a machine whose speed drifts (one sharing its memory bus) compares
+    passes of its own moment; each row count contributes the median of its last few ratios
+    (a preempted pass or a page fault only ever adds time), weighted by how many it has,
+    beside the prior's line (prior_cost) with the weight of one pass in all. One
+    object per model and thread count (a ContextPool holds one); reads and updates need no
+    lock (a lost update only delays the estimate)."""
+
+    KEEP = 15  # the times kept per row count
+    TRUST = 3  # one-row passes timed before the others are
+
+    def __init__(self, max_rows: int = 65) -> None:
+        self.max_rows = max_rows
+        self._one: deque[float] = deque(maxlen=self.KEEP)  # one-row passes' seconds
+        self._one_median = 0.0
+        self._ratios: dict[int, deque[float]] = {}
+        self._medians: dict[int, float] = {}
+        self._line = (prior_cost(0), prior_cost(1) - prior_cost(0))  # intercept, slope
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if not 1 <= rows <= self.max_rows or not seconds > 0:
+            return
+        if rows == 1:
+            self._one.append(seconds)
+            self._one_median = statistics.median(self._one)
+            return
+        if len(self._one) < self.TRUST:
+            return
+        these = self._ratios.setdefault(rows, deque(maxlen=self.KEEP))
+        these.append(seconds / self._one_median)
+        self._medians[rows] = statistics.median(these)
+        self._fit()
+
+    def _fit(self) -> None:
+        pts = [(float(r), prior_cost(r), 0.125) for r in range(2, 10)]
+        pts += [(float(r), m, float(len(self._ratios[r]))) for r, m in self._medians.items()]
+        sw = sum(w for _, _, w in pts)
+        mx = sum(w * x for x, _, w in pts) / sw
+        my = sum(w * y for _, y, w in pts) / sw
+        sxx = sum(w * (x - mx) ** 2 for x, _, w in pts)
+        slope = max(0.0, sum(w * (x - mx) * (y - my) for x, y, w in pts) / sxx)
+        self._line = (my - slope * mx, slope)
+
+    def ratio(self, rows: int) -> float:
+        if rows <= 1:
+            return 1.0
+        a, b = self._line
+        return max(1.0, a + b * min(rows, self.max_rows))
 
 
 @dataclass
 class PromptLookup:
     """Drafts for one sequence. max_draft: the most tokens guessed per pass; ngram_max,
     ngram_min: the longest and shortest suffix of the sequence looked up (the longest that
-    matches wins). `extend` gives it tokens as they join the sequence (the prompt first);
-    `draft` proposes what follows; `kept` says how many of the last draft were accepted."""
+    matches wins); costs: the passes' costs (a fresh PassCosts if None). `extend` gives it
+    tokens as they join the sequence (the prompt first, then each token kept or sampled);
+    `draft` proposes what follows; `passed` times a pass; `kept` counts what was kept."""
 
     max_draft: int = 8
     ngram_max: int = 4
-    ngram_min: int = 2
+    ngram_min: int = 1
+    costs: PassCosts | None = None
+    prior_weight: float = 4.0  # the prior's weight in the acceptance estimate, in guesses
     tokens: list[int] = field(default_factory=list)
     drafted: int = 0  # tokens proposed so far
     accepted: int = 0  # of them, kept
-    _limit: int = 0  # the next draft's length, adapted
     # n-gram -> the position just after its latest occurrence whose continuation is known
     # (the index is one token behind the sequence, so the current suffix never finds itself)
     _index: dict[tuple[int, ...], int] = field(default_factory=dict, repr=False)
+    # per match length (index; MAX_MATCH and longer share the last): guesses checked, kept
+    _tried: list[int] = field(default_factory=lambda: [0] * (MAX_MATCH + 1), repr=False)
+    _hits: list[int] = field(default_factory=lambda: [0] * (MAX_MATCH + 1), repr=False)
+    # the last lookup's candidates (all of them, sent or not), their match length, and how
+    # many of them the tokens since have confirmed
+    _pending: list[int] = field(default_factory=list, repr=False)
+    _pending_match: int = 0
+    _pending_at: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"need 1 <= ngram_min <= ngram_max, got {self.ngram_min}, {self.ngram_max}")
         if self.max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {self.max_draft}")
-        self._limit = self.max_draft
+        if self.costs is None:
+            self.costs = PassCosts()
         toks, self.tokens = self.tokens, []
         self.extend(toks)
 
     def extend(self, toks: Sequence[int]) -> None:
         for t in toks:
-            self.tokens.append(int(t))
+            t = int(t)
+            if self._pending:
+                self._check(t)
+            self.tokens.append(t)
             end = len(self.tokens) - 1  # n-grams ending before the newest token: their continuation is known
             for n in range(self.ngram_min, self.ngram_max + 1):
                 if end >= n:
                     self._index[tuple(self.tokens[end - n : end])] = end
 
-    def draft(self, room: int | None = None) -> list[int]:
-        """Up to min(the adapted length, room) tokens guessed to follow the sequence, or []
-        when no suffix of ngram_min.. ngram_max tokens occurred before."""
-        k = self._limit if room is None else min(self._limit, room)
-        if k < 1:
-            return []
+    def _check(self, t: int) -> None:
+        """Score the pending candidate that `t` takes the place of."""
+        j = self._pending_at
+        length = min(self._pending_match + j, MAX_MATCH)
+        self._tried[length] += 1
+        if t == self._pending[j]:
+            self._hits[length] += 1
+            self._pending_at = j + 1
+            if self._pending_at < len(self._pending):
+                return
+        self._pending = []
+
+    def keep_chance(self, length: int) -> float:
+        """The estimated chance that a guess continuing a match of `length` tokens is kept."""
+        i = min(length, MAX_MATCH)
+        w = self.prior_weight
+        return (self._hits[i] + w * prior_keep(i)) / (self._tried[i] + w)
+
+    def candidates(self, room: int | None = None) -> tuple[list[int], int]:
+        """What the lookup finds: the up to min(max_draft, room) tokens that followed the
+        latest earlier occurrence of the longest suffix of ngram_min.. ngram_max tokens, and
+        how long a match they continue (the suffix, extended back while the occurrence's
+        earlier tokens are the sequence's, up to MAX_MATCH); ([], 0) where none occurred."""
+        k = self.max_draft if room is None else min(self.max_draft, room)
         toks = self.tokens
-        for n in range(min(self.ngram_max, len(toks)), self.ngram_min - 1, -1):
-            at = self._index.get(tuple(toks[len(toks) - n :]))
+        end = len(toks)
+        if k < 1:
+            return [], 0
+        for n in range(min(self.ngram_max, end), self.ngram_min - 1, -1):
+            at = self._index.get(tuple(toks[end - n :]))
             if at is not None:
-                out = toks[at : at + k]
-                self.drafted += len(out)
-                return out
-        return []
+                break
+        else:
+            return [], 0
+        match = n
+        while match < MAX_MATCH and at - match > 0 and toks[at - match - 1] == toks[end - match - 1]:
+            match += 1
+        return toks[at : at + k], match
+
+    def draft(self, room: int | None = None) -> list[int]:
+        """The leading part of the candidates worth a pass: the length with the most tokens
+        expected per unit of cost, [] where none beats a plain step (or nothing matched)."""
+        cands, match = self.candidates(room)
+        self._pending, self._pending_match, self._pending_at = cands, match, 0
+        costs = self.costs
+        assert costs is not None
+        best, best_rate, p, expected = 0, 1.0, 1.0, 0.0
+        for j in range(len(cands)):
+            p *= self.keep_chance(match + j)
+            expected += p
+            rate = (1.0 + expected) / costs.ratio(j + 2)
+            if rate > best_rate:
+                best, best_rate = j + 1, rate
+        self.drafted += best
+        return cands[:best]
+
+    def passed(self, rows: int, seconds: float) -> None:
+        """A forward pass of `rows` rows (the sampled token and a draft) took `seconds`."""
+        assert self.costs is not None
+        self.costs.observe(rows, seconds)
 
     def kept(self, proposed: int, accepted: int) -> None:
-        """The last draft had `proposed` tokens, of which the first `accepted` were kept: a
-        draft kept whole doubles the next one's length (up to max_draft), one cut short
-        shrinks it to one more than it kept."""
+        """The last draft had `proposed` tokens, of which the first `accepted` were kept."""
         self.accepted += accepted
-        if proposed == 0:
-            return
-        self._limit = min(self.max_draft, 2 * self._limit) if accepted == proposed else max(1, accepted + 1)

@@ -119,12 +119,24 @@ class Context:
             raise ValueError(f"context full: {self.n_past} + {a.size} tokens exceed n_ctx {self.n_ctx}")
         return np.ascontiguousarray(a, dtype=np.int32)
 
-    def eval(self, ids: Any, *, all_logits: bool = False) -> np.ndarray:
+    def eval(self, ids: Any, *, all_logits: bool = False, out: np.ndarray | None = None) -> np.ndarray:
         """Run ids at positions n_past.. (any count: chunks of n_batch), appending them to the
         cache. Returns the last token's logits [n_vocab], or with all_logits every token's
-        [len(ids), n_vocab]. The last-token row is a view reused by the next call."""
+        [len(ids), n_vocab]. The last-token row is a view reused by the next call. out: with
+        all_logits, a C-contiguous float32 array of that shape to write the rows into (and
+        return) instead of a new one, so that a loop of passes touches no fresh memory."""
         a = self._ids(ids)
-        out = np.empty((a.size, self.model.n_vocab), np.float32) if all_logits else self._last
+        if out is not None:
+            if not all_logits:
+                raise ValueError("out is for all_logits=True")
+            if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous
+                    and out.flags.writeable and out.shape == (a.size, self.model.n_vocab)):
+                raise ValueError(f"out must be a writeable C-contiguous float32 array of shape "
+                                 f"{(a.size, self.model.n_vocab)}")
+        elif all_logits:
+            out = np.empty((a.size, self.model.n_vocab), np.float32)
+        else:
+            out = self._last
         self._run(self._ctx.eval, a, out, all_logits)
         return out if all_logits else out[0]
 
