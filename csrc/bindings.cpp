@@ -697,7 +697,7 @@ void sequence_run_py(Sequence& ctx, py::array ids, py::array out, bool all_rows,
 // (int32 [sum(counts)]); out written in place: logits float32 [n, n_vocab], or with hidden the
 // final hidden states of every token, float32 [sum(counts), n_embd].
 void batch_run_py(Batch& batch, const std::vector<Sequence*>& contexts, py::array ids, py::array counts, py::array out,
-                  const std::string& precision, int n_threads, bool hidden) {
+                  const std::string& precision, int n_threads, bool hidden, const py::object& n_logits = py::none()) {
   const int64_t n = static_cast<int64_t>(contexts.size());
   if (counts.ndim() != 1 || !counts.dtype().is(py::dtype::of<int64_t>()) || !(counts.flags() & py::array::c_style) ||
       counts.shape(0) != n)
@@ -710,9 +710,21 @@ void batch_run_py(Batch& batch, const std::vector<Sequence*>& contexts, py::arra
       ids.shape(0) != total)
     throw py::value_error("ids must be a 1-D C-contiguous int32 array of sum(counts) (" + std::to_string(total) +
                           ") ids");
+  const int64_t* p_n_logits = nullptr;
+  int64_t n_out = n;
+  if (!n_logits.is_none()) {
+    auto a = n_logits.cast<py::array>();
+    if (a.ndim() != 1 || !a.dtype().is(py::dtype::of<int64_t>()) || !(a.flags() & py::array::c_style) ||
+        a.shape(0) != n)
+      throw py::value_error("n_logits must be a 1-D C-contiguous int64 array of one count per context (" +
+                            std::to_string(n) + ")");
+    p_n_logits = static_cast<const int64_t*>(a.data());
+    n_out = 0;
+    for (int64_t b = 0; b < n; ++b) n_out += std::max<int64_t>(p_n_logits[b], 0);
+  }
   const Sequence* first = n > 0 ? contexts[0] : nullptr;
   const int64_t width = first == nullptr ? 0 : hidden ? first->model()->dims().n_embd : first->n_vocab();
-  const int64_t rows = hidden ? total : n;
+  const int64_t rows = hidden ? total : n_out;
   const char* what = hidden ? "hidden" : "logits";
   if (!is_c_f32(out) || !out.writeable() || out.ndim() != 2 || out.shape(0) != rows || out.shape(1) != width)
     throw py::value_error(std::string(what) + " must be a writeable C-contiguous float32 array [" +
@@ -724,7 +736,7 @@ void batch_run_py(Batch& batch, const std::vector<Sequence*>& contexts, py::arra
   if (hidden)
     batch.embed(contexts.data(), p_ids, p_counts, n, p_out, m, n_threads);
   else
-    batch.step(contexts.data(), p_ids, p_counts, n, p_out, m, n_threads);
+    batch.step(contexts.data(), p_ids, p_counts, n, p_out, m, n_threads, p_n_logits);
 }
 
 }  // namespace
@@ -903,13 +915,15 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "step",
           [](Batch& b, const std::vector<Sequence*>& contexts, py::array ids, py::array counts, py::array logits,
-             const std::string& precision,
-             int n_threads) { batch_run_py(b, contexts, ids, counts, logits, precision, n_threads, false); },
+             const std::string& precision, int n_threads, const py::object& n_logits) {
+            batch_run_py(b, contexts, ids, counts, logits, precision, n_threads, false, n_logits);
+          },
           py::arg("contexts"), py::arg("ids"), py::arg("counts"), py::arg("logits"), py::arg("precision"),
-          py::arg("n_threads"),
+          py::arg("n_threads"), py::arg("n_logits") = py::none(),
           "Append counts[b] (int64 [n]) of the ids (int32, back to back) to contexts[b] (n distinct sequences "
           "of this model), every weight read once for all of them; write each one's next-token logits into "
-          "logits [n, n_vocab].")
+          "logits [n, n_vocab], or with n_logits (int64 [n]) those after each one's last n_logits[b] tokens, "
+          "back to back, [sum(n_logits), n_vocab].")
       .def(
           "embed",
           [](Batch& b, const std::vector<Sequence*>& contexts, py::array ids, py::array counts, py::array hidden,

@@ -205,3 +205,32 @@ def test_batch_threads_give_the_same_bits(default_model):
     x = one.decode_batch(contexts(one, PROMPTS), [3, 4, 5, 6, 7])
     y = two.decode_batch(contexts(two, PROMPTS), [3, 4, 5, 6, 7])
     np.testing.assert_array_equal(x, y)
+
+
+def test_a_step_returns_the_rows_a_sequence_asks_for(fast):
+    """logit_rows: a sequence verifying guessed tokens gets the row after each of its last k
+    tokens, what its own eval(all_logits=True) gives, beside sequences that get one row."""
+    toks = [[7, 300, 11, 4000], [90], [5, 6, 7]]
+    want = [c.eval(t, all_logits=True).copy() for c, t in zip(contexts(fast, PROMPTS[:3]), toks)]
+    batch = Batch(fast, 16)
+    cs = contexts(fast, PROMPTS[:3])
+    got = batch.step(cs, toks, logit_rows=[4, 1, 2])
+    assert got.shape == (7, fast.n_vocab)
+    np.testing.assert_array_equal(got[:4], want[0])
+    np.testing.assert_array_equal(got[4], want[1][0])
+    np.testing.assert_array_equal(got[5:], want[2][1:])
+    assert [c.n_past for c in cs] == [len(p) + len(t) for p, t in zip(PROMPTS[:3], toks)]
+    fresh = contexts(fast, PROMPTS[:2])
+    for bad, match in (([0, 1], r"logit_rows\[0\] must be an int from 1 to 4"),
+                       ([1, 2], r"logit_rows\[1\] must be an int from 1 to 1"),
+                       ([1], "one per context"), ([True, 1], r"logit_rows\[0\]")):
+        with pytest.raises(ValueError, match=match):
+            batch.step(fresh, toks[:2], logit_rows=bad)
+    with pytest.raises(ValueError, match=r"asks for the logits of 5 tokens: 1 to its 4"):
+        native = _C.Batch(fast._native, 8)
+        native.step([c._ctx for c in fresh], np.array(toks[0] + toks[1], np.int32), np.array([4, 1], np.int64),
+                    np.empty((6, fast.n_vocab), np.float32), "fast", 1, np.array([5, 1], np.int64))
+    with pytest.raises(ValueError, match="n_logits must be"):
+        native.step([c._ctx for c in fresh], np.array(toks[0] + toks[1], np.int32), np.array([4, 1], np.int64),
+                    np.empty((5, fast.n_vocab), np.float32), "fast", 1, np.array([4], np.int64))
+    assert [c.n_past for c in fresh] == [len(p) for p in PROMPTS[:2]]  # refused: nothing changed

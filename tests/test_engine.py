@@ -13,6 +13,7 @@ from concurrent.futures import Future
 
 import numpy as np
 import pytest
+from _flat_costs import FlatCosts
 
 from pyinfer import Engine, Model, OverloadedError
 from pyinfer.errors import ContextOverflowError
@@ -484,3 +485,42 @@ def test_a_handle_read_by_several_readers_ends_for_all_of_them(model):
             bad.result(10)
         # Later readers get a copy, caused by the original, whose traceback stays its own.
         assert later.value is not first.value and later.value.__cause__ is first.value
+
+
+GROUNDED = [
+    "Copy this list exactly: red, green, blue, yellow, purple, orange, pink, brown, red, green, blue, yellow, "
+    "purple, orange, pink, brown. Again: red, green,",
+    "Repeat the sentence twice: the quick brown fox jumps over the lazy dog. The quick brown fox",
+    "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n",
+]
+
+
+def test_drafted_steps_give_plain_decoding_bits_in_a_batch(model):
+    """With speculative decoding a sequence brings guessed tokens into the shared step; the
+    requests still give the tokens, log-probabilities and stops of plain decoding, greedy and
+    sampled, alone and together, and their caches hold what they kept (a second turn from a
+    drafted first one gives the cold bits)."""
+    reqs = [(p, {"max_tokens": 40, "temperature": 0, "logprobs": 2}) for p in GROUNDED]
+    reqs += [(p, {"max_tokens": 24, "temperature": 0.7, "seed": 9 + i, "logprobs": 1}) for i, p in enumerate(GROUNDED)]
+    reqs += [(GROUNDED[0], {"max_tokens": 40, "temperature": 0, "stop": ["purple"]}), (PROMPTS[1], {**KW, "seed": 4})]
+    with Engine(model, draft=0) as e:
+        plain = [e.submit(p, **kw).result(60) for p, kw in reqs]
+    with Engine(model, draft=8, token_budget=16) as e:
+        e._costs = FlatCosts()  # every candidate is sent, whatever this machine's timings say
+        together = [h.result(60) for h in [e.submit(p, **kw) for p, kw in reqs]]
+        alone = [e.submit(p, **kw).result(60) for p, kw in reqs]
+        # the first request's context, idle now, serves a follow-up that extends it
+        follow = GROUNDED[0] + alone[0].text + " And once more:"
+        warm = e.submit(follow, max_tokens=16, temperature=0).result(60)
+    with Engine(model, draft=0, prefix_cache=False) as e:
+        cold = e.submit(follow, max_tokens=16, temperature=0).result(60)
+    assert outputs(together) == outputs(plain) and outputs(alone) == outputs(plain)
+    assert together[-2].stop_reason == plain[-2].stop_reason == "purple"
+    for run in (together, alone):
+        t = [c.timings for c in run]
+        assert all(x.draft_accepted <= x.draft_tokens for x in t)
+        assert sum(x.draft_accepted for x in t[:3]) >= 30  # the copies were guessed
+    assert all(c.timings.draft_tokens == 0 for c in plain)
+    assert warm.timings.cached_tokens >= 32 and outputs([warm]) == outputs([cold])
+    with pytest.raises(ValueError, match="draft must be an int"):
+        Engine(model, draft=65)

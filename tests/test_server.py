@@ -571,11 +571,13 @@ def test_disconnect_mid_stream_frees_the_sequence(server):
     assert m["pyinfer:context_budget_bytes"] > 0 and m["pyinfer:batch_occupancy"] == 0
 
     # A client that gives up on a whole (not streamed) completion cancels it too. The reply
-    # cannot end early (end-of-turn tokens banned) and runs far past the client's 1 s.
-    body.update(stream=False, max_tokens=2000, logit_bias={"0": -100, "2": -100})
+    # cannot end early (end-of-turn tokens banned) and runs to the end of the context, far
+    # past the client's 0.3 s (sampled hot, so that it does not fall into a loop that drafts
+    # would copy at many tokens per step).
+    body.update(stream=False, max_tokens=2000, logit_bias={"0": -100, "2": -100}, temperature=1.5, seed=3)
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
-                   timeout=httpx.Timeout(10, read=1.0))
+                   timeout=httpx.Timeout(10, read=0.3))
     deadline = time.monotonic() + 10
     while True:
         m = metrics(server)

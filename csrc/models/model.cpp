@@ -416,18 +416,19 @@ Batch::Batch(std::shared_ptr<const Model> model, int64_t n_rows)
       scratch_(model_->dims(), n_rows >= 1 ? n_rows : throw std::invalid_argument("n_rows must be >= 1")) {}
 
 void Batch::step(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* logits,
-                 Precision precision, int n_threads) {
-  run(seqs, ids, counts, n, logits, nullptr, precision, n_threads);
+                 Precision precision, int n_threads, const int64_t* n_logits) {
+  run(seqs, ids, counts, n, logits, nullptr, precision, n_threads, n_logits);
 }
 
 void Batch::embed(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* hidden,
                   Precision precision, int n_threads) {
-  run(seqs, ids, counts, n, nullptr, hidden, precision, n_threads);
+  run(seqs, ids, counts, n, nullptr, hidden, precision, n_threads, nullptr);
 }
 
-// step (logits of each sequence's last token) or embed (hidden states of every token).
+// step (logits of each sequence's last token, or its last n_logits[b]) or embed (hidden states
+// of every token).
 void Batch::run(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* logits,
-                float* hidden, Precision precision, int n_threads) {
+                float* hidden, Precision precision, int n_threads, const int64_t* n_logits) {
   std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
   if (!lock.owns_lock()) throw std::runtime_error("this batch is in use by another thread");
   if (n < 1 || n > n_rows_)
@@ -447,6 +448,9 @@ void Batch::run(Sequence* const* seqs, const int32_t* ids, const int64_t* counts
     if (counts[b] < 1 || counts[b] > n_rows_ - rows)
       throw std::invalid_argument(which + " has " + std::to_string(counts[b]) + " tokens: each needs >= 1, and " +
                                   "the step holds n_rows = " + std::to_string(n_rows_) + " in all");
+    if (n_logits != nullptr && (n_logits[b] < 1 || n_logits[b] > counts[b]))
+      throw std::invalid_argument(which + " asks for the logits of " + std::to_string(n_logits[b]) +
+                                  " tokens: 1 to its " + std::to_string(counts[b]));
     for (int64_t i = rows; i < rows + counts[b]; ++i)
       if (ids[i] < 0 || ids[i] >= n_vocab)
         throw std::invalid_argument("token id " + std::to_string(ids[i]) + " for " + which +
@@ -474,7 +478,8 @@ void Batch::run(Sequence* const* seqs, const int32_t* ids, const int64_t* counts
     if (hidden != nullptr)
       for (int64_t i = row; i < row + counts[b]; ++i) out_rows.push_back(i);
     row += counts[b];
-    if (hidden == nullptr) out_rows.push_back(row - 1);
+    if (hidden == nullptr)
+      for (int64_t i = row - (n_logits != nullptr ? n_logits[b] : 1); i < row; ++i) out_rows.push_back(i);
   }
   model_->forward(segs, rows, scratch_, out_rows.data(), static_cast<int64_t>(out_rows.size()), logits, precision,
                   n_threads, hidden);

@@ -208,8 +208,11 @@ class Batch {
   // changing any state, and std::runtime_error if a sequence is in use by another thread.
   // Each sequence's result is that of seqs[b]->eval(its tokens) alone, bit for bit in fast
   // mode; exact mode may differ in float rounding (its kernels block over rows).
+  // n_logits (optional): per sequence, the logits of its last n_logits[b] tokens
+  // (1 <= n_logits[b] <= counts[b]), rows back to back in logits[sum(n_logits)][n_vocab]:
+  // a sequence verifying guessed tokens needs the row after each.
   void step(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* logits,
-            Precision precision, int n_threads);
+            Precision precision, int n_threads, const int64_t* n_logits = nullptr);
   // As step, writing instead the final hidden states (after the output norm) of every token
   // of every sequence, in the order of ids, to hidden[sum(counts)][n_embd]: many texts'
   // embeddings in one forward pass, each row what seqs[b]->embed gives for it alone.
@@ -220,7 +223,7 @@ class Batch {
 
  private:
   void run(Sequence* const* seqs, const int32_t* ids, const int64_t* counts, int64_t n, float* logits, float* hidden,
-           Precision precision, int n_threads);
+           Precision precision, int n_threads, const int64_t* n_logits);
   std::shared_ptr<const Model> model_;
   int64_t n_rows_;
   std::mutex busy_;

@@ -263,10 +263,13 @@ class Batch:
         """Scratch for steps of up to n_rows token rows of the model."""
 
     def step(self, contexts: list[Sequence], ids: npt.NDArray[np.int32], counts: npt.NDArray[np.int64],
-             logits: npt.NDArray[np.float32], precision: str, n_threads: int) -> None:
+             logits: npt.NDArray[np.float32], precision: str, n_threads: int,
+             n_logits: npt.NDArray[np.int64] | None = None) -> None:
         """Append counts[b] of the ids (int32, the contexts' tokens back to back) to contexts[b]
         (n distinct contexts of this model, sum(counts) <= n_rows), every weight read once for
-        all of them; write each one's next-token logits into logits [n, n_vocab]. Each row is
+        all of them; write each one's next-token logits into logits [n, n_vocab], or with
+        n_logits those after each one's last n_logits[b] tokens (1 <= n_logits[b] <= counts[b]),
+        back to back, [sum(n_logits), n_vocab]. Each row is
         what contexts[b].eval of its tokens would give alone (bit for bit in fast mode). Raises
         ValueError (bad id or count, full or repeated context) before changing any state,
         RuntimeError if a context is in use by another thread."""

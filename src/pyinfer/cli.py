@@ -73,7 +73,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     engine = {"model": args.model, "n_ctx": args.ctx, "precision": args.precision, "kv_dtype": args.kv_dtype,
               "max_batch": args.max_batch, "token_budget": args.token_budget, "kv_budget_bytes": kv,
               "max_queue": args.max_queue, "prefix_cache": not args.no_prefix_cache,
-              "max_body_bytes": args.max_body_bytes}
+              "max_body_bytes": args.max_body_bytes, "draft": args.draft}
     if args.ray:
         return _serve_ray(args, api_key, engine)
     serve(host=args.host, port=args.port, api_key=api_key, n_threads=args.threads, log_level=args.log_level,
@@ -331,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-batch", type=int, default=16, help="sequences running at once (default: %(default)s)")
     sv.add_argument("--token-budget", type=int, default=TOKEN_BUDGET,
                     help="prompt tokens per scheduler step, beside the decoding rows (default: %(default)s)")
+    sv.add_argument("--draft", type=int, default=None, metavar="N",
+                    help="speculative decoding by prompt lookup: up to N guessed tokens per sequence and step, "
+                         "0 off (default: 8 with --precision fast, else off)")
     sv.add_argument("--no-prefix-cache", action="store_true",
                     help="evaluate every prompt whole (no reuse of a cached prefix's KV cache)")
     sv.add_argument("--kv-budget-mib", type=float, default=None,

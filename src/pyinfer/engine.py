@@ -23,6 +23,14 @@ One step of the scheduler:
    first (a question after a cached system prompt does not wait behind a long document's
    chunks), except that those passed over for `max_defer` steps go before them, oldest first.
 
+Speculative decoding (`draft`, on by default on the fast path): a decoding sequence whose
+last tokens occurred earlier in its prompt or output brings the tokens that followed them
+there as guesses (`pyinfer.lookup`), evaluated in the same pass after its sampled token; its
+Request samples from each of its rows in turn and keeps the guesses while each matches, and
+the cache drops the rest. A guess's rows come out of the prompt chunks' token budget, and
+each sequence's guess is as long as the whole step's expected tokens per unit of its cost
+say (the engine times its steps by rows). Tokens are those of plain decoding.
+
 Batch invariance: with precision="fast" each row of a step is bit for bit its sequence's
 own evaluation, a prompt evaluated in chunks gives the same bits as evaluated whole, and a
 copied prefix is the cache its evaluation would have made, so a request's tokens and
@@ -67,6 +75,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from pyinfer.errors import OverloadedError, ParameterTypeError
+from pyinfer.generate import DEFAULT_DRAFT
+from pyinfer.lookup import PassCosts, PromptLookup
 from pyinfer.model import Batch
 from pyinfer.request import (
     TOKEN_BUDGET,
@@ -74,6 +84,7 @@ from pyinfer.request import (
     Completion,
     CompletionChunk,
     Request,
+    StepResult,
     common_prefix,
     prompt_and_params,
 )
@@ -296,11 +307,11 @@ class RequestHandle:
 
 
 class _Seq:
-    __slots__ = ("ctx", "handle", "lend_n", "lender", "next_token", "passed", "prefill", "prefill_at", "prefill_s",
-                 "req", "tokens")
+    __slots__ = ("ctx", "guess", "handle", "lend_n", "lender", "lookup", "next_token", "passed", "prefill",
+                 "prefill_at", "prefill_s", "req", "tokens")
 
     def __init__(self, handle: RequestHandle, ctx: Context, cached: int, lender: _Seq | None = None,
-                 lend_n: int = 0) -> None:
+                 lend_n: int = 0, lookup: PromptLookup | None = None) -> None:
         self.handle = handle
         self.req = handle.request
         self.ctx = ctx
@@ -314,6 +325,12 @@ class _Seq:
         self.lender = lender
         self.lend_n = lend_n
         self.passed = 0  # steps in a row this prefilling sequence got less than a whole chunk
+        # Speculative decoding by prompt lookup (pyinfer.lookup): the drafts' source, and the
+        # tokens guessed to follow next_token in this step
+        self.lookup = lookup
+        if lookup is not None:
+            lookup.extend(self.prefill)
+        self.guess: list[int] = []
 
 
 class Engine:
@@ -348,8 +365,17 @@ class Engine:
         prefix_block: int = 16,
         on_finish: Callable[[Request], None] | None = None,
         recent: int = 64,
+        draft: int | None = None,
     ) -> None:
         self.model = model
+        # Speculative decoding by prompt lookup: up to `draft` guessed tokens per sequence
+        # per step (None: DEFAULT_DRAFT on the fast path, else off), as Model.generate does.
+        if draft is None:
+            draft = DEFAULT_DRAFT if model.precision == "fast" else 0
+        if isinstance(draft, bool) or not isinstance(draft, int) or not 0 <= draft <= 64:
+            raise ValueError(f"draft must be an int in [0, 64], got {draft!r}")
+        self.draft = draft
+        self._costs = PassCosts()  # the steps' costs by decode rows, which the drafts weigh
         self.n_ctx = int(model.n_ctx)
         self.max_batch = _positive("max_batch", max_batch)
         self.token_budget = _positive("token_budget", token_budget)
@@ -600,9 +626,27 @@ class Engine:
         # chunks of the prefilling ones, up to token_budget tokens: those passed over for
         # max_defer steps first, oldest first; then the fewest tokens left first (admission
         # order on ties; the sort is stable).
-        rows: list[tuple[_Seq, list[int]]] = [(s, [s.next_token]) for s in self._running if s.next_token is not None]
-        n_decode = len(rows)
+        rows: list[tuple[_Seq, list[int]]] = []
         budget = self.token_budget
+        base_rows, base_tokens = 0, 0.0
+        for s in self._running:
+            if s.next_token is None:
+                continue
+            s.guess = []
+            if s.lookup is not None and budget > 0:
+                s.lookup.extend([s.next_token])
+                # The drafts share the step with the others' rows, and their rows come out of
+                # the prompt chunks' budget.
+                room = min(budget, s.ctx.n_ctx - s.ctx.n_past - 1)
+                s.guess, gain = s.lookup.draft_in_batch(room, base_rows, base_tokens)
+                budget -= len(s.guess)
+                base_tokens += gain
+            elif s.lookup is not None:
+                s.lookup.extend([s.next_token])
+                base_tokens += 1
+            base_rows += 1 + len(s.guess)
+            rows.append((s, [s.next_token, *s.guess]))
+        n_decode = len(rows)
         prefilling = [s for s in self._running if s.next_token is None and s.lender is None]
         prefilling.sort(key=lambda s: (0, 0) if s.passed >= self.max_defer else (1, len(s.prefill) - s.prefill_at))
         for s in prefilling:
@@ -619,9 +663,11 @@ class Engine:
             self._steps += 1
 
     def _run(self, rows: list[tuple[_Seq, list[int]]], n_decode: int) -> None:
+        n_logits = [1 + len(s.guess) if s.next_token is not None else 1 for s, _ in rows]
         t = perf_counter()
         try:
-            logits = self._batch.step([s.ctx for s, _ in rows], [toks for _, toks in rows])
+            logits = self._batch.step([s.ctx for s, _ in rows], [toks for _, toks in rows],
+                                      n_logits if any(k > 1 for k in n_logits) else None)
         except BaseException as e:
             for s, _ in rows:
                 self._end(s, None, error=e)
@@ -631,10 +677,18 @@ class Engine:
         with self._cond:
             self._batch_size = len(rows)
             self._decode_rows += n_decode
-        for (s, toks), row in zip(rows, logits):
+        if n_decode == len(rows):  # a step of decode rows alone: what the drafts weigh
+            self._costs.observe(sum(n_logits), dt)
+        at = 0
+        for (s, toks), k in zip(rows, n_logits):
+            row = logits[at]
+            at += k
             s.tokens += toks
             if s.next_token is not None:
-                self._sample(s, row, dt)
+                if s.guess:
+                    self._verify(s, logits[at - k : at], dt)
+                else:
+                    self._sample(s, row, dt)
                 continue
             s.prefill_s += dt
             s.prefill_at += len(toks)
@@ -782,7 +836,8 @@ class Engine:
             h.admitted = perf_counter()
             tm.queue_s += h.admitted - h.submitted
             with self._cond:
-                self._running.append(_Seq(h, ctx, cached, lender, lend_n))
+                lookup = PromptLookup(max_draft=self.draft, costs=self._costs) if self.draft else None
+                self._running.append(_Seq(h, ctx, cached, lender, lend_n, lookup))
                 self._raise_peaks()
 
     def _sample(self, s: _Seq, logits: np.ndarray, eval_s: float) -> None:
@@ -791,12 +846,47 @@ class Engine:
         except BaseException as e:
             self._end(s, None, error=e)
             return
+        self._advance(s, r)
+
+    def _advance(self, s: _Seq, r: StepResult) -> None:
+        """After s's last row: end it, or send its text and keep the token for the next step."""
         if r.finished:
             self._end(s, r.chunk)
             return
         if r.chunk is not None:
             self._deliver(s.handle, r.chunk)
         s.next_token = r.token
+
+    def _verify(self, s: _Seq, rows: np.ndarray, eval_s: float) -> None:
+        """Sample from the rows of next_token and its guessed successors in turn, while each
+        token sampled is the guess the next row was computed after; the cache then keeps only
+        the tokens kept (as pyinfer.generate's driver does for one sequence)."""
+        guess, lookup = s.guess, s.lookup
+        assert lookup is not None
+        start = len(s.tokens) - len(rows)  # where next_token went
+        kept = 0
+        r = None
+        try:
+            for i, row in enumerate(rows):
+                r = s.req.step(row, eval_s=eval_s if i == 0 else 0.0)
+                if r.finished or i == len(guess) or r.token != guess[i] or s.req.cancelled:
+                    break
+                kept += 1
+                lookup.extend([guess[i]])
+                if r.chunk is not None:
+                    self._deliver(s.handle, r.chunk)
+        except BaseException as e:
+            self._end(s, None, error=e)
+            return
+        finally:
+            lookup.kept(len(guess), kept)
+            s.req.timings.draft_tokens += len(guess)
+            s.req.timings.draft_accepted += kept
+            del s.tokens[start + 1 + kept :]
+            s.ctx.truncate(start + 1 + kept)
+            s.guess = []
+        assert r is not None
+        self._advance(s, r)
 
     def _deliver(self, h: RequestHandle, chunk: CompletionChunk | None) -> None:
         if chunk is not None:

@@ -53,57 +53,51 @@ def prior_cost(rows: int) -> float:
 
 
 class PassCosts:
-    """What a forward pass of r rows costs, as a multiple of a one-row pass, for r >= 2: a
-    line in r fitted to the measured passes, so that every pass informs every length (one
-    that has never been sent, or was sent at an unlucky moment, is not judged on its own
-    few times). Each pass of r rows is timed against the median of the last few one-row
-    passes, so that a machine whose speed drifts (one sharing its memory bus) compares
-    passes of its own moment; each row count contributes the median of its last few ratios
-    (a preempted pass or a page fault only ever adds time), weighted by how many it has,
-    beside the prior's line (prior_cost) with the weight of one pass in all. One
-    object per model and thread count (a ContextPool holds one); reads and updates need no
-    lock (a lost update only delays the estimate)."""
+    """What a forward pass of r rows costs, as a multiple of a one-row pass: a line in r
+    fitted to the measured passes' times (a + b r seconds), so that every pass informs every
+    length (one never sent, or sent at an unlucky moment, is not judged on its own few
+    times), and a pass shared by many sequences, which never runs one row alone, is weighed
+    as well. Each row count contributes the median of its last few times (a preempted pass
+    or a page fault only ever adds time), weighted by how many it has; until two row counts
+    have a few, prior_cost. One object per model and thread count (a ContextPool holds one,
+    an Engine another); reads and updates need no lock (a lost update only delays the
+    estimate)."""
 
     KEEP = 15  # the times kept per row count
-    TRUST = 3  # one-row passes timed before the others are
+    TRUST = 3  # the times a row count needs before it takes part in the fit
 
     def __init__(self, max_rows: int = 65) -> None:
         self.max_rows = max_rows
-        self._one: deque[float] = deque(maxlen=self.KEEP)  # one-row passes' seconds
-        self._one_median = 0.0
-        self._ratios: dict[int, deque[float]] = {}
+        self._times: dict[int, deque[float]] = {}
         self._medians: dict[int, float] = {}
-        self._line = (prior_cost(0), prior_cost(1) - prior_cost(0))  # intercept, slope
+        self._line: tuple[float, float] | None = None  # seconds: intercept, slope
 
     def observe(self, rows: int, seconds: float) -> None:
-        if not 1 <= rows <= self.max_rows or not seconds > 0:
+        if not 1 <= rows <= self.max_rows or not seconds > 0 or seconds == float("inf"):
             return
-        if rows == 1:
-            self._one.append(seconds)
-            self._one_median = statistics.median(self._one)
-            return
-        if len(self._one) < self.TRUST:
-            return
-        these = self._ratios.setdefault(rows, deque(maxlen=self.KEEP))
-        these.append(seconds / self._one_median)
-        self._medians[rows] = statistics.median(these)
-        self._fit()
+        these = self._times.setdefault(rows, deque(maxlen=self.KEEP))
+        these.append(seconds)
+        if len(these) >= self.TRUST:
+            self._medians[rows] = statistics.median(these)
+            if len(self._medians) >= 2:
+                self._fit()
 
     def _fit(self) -> None:
-        pts = [(float(r), prior_cost(r), 0.125) for r in range(2, 10)]
-        pts += [(float(r), m, float(len(self._ratios[r]))) for r, m in self._medians.items()]
+        pts = [(float(r), m, float(len(self._times[r]))) for r, m in self._medians.items()]
         sw = sum(w for _, _, w in pts)
         mx = sum(w * x for x, _, w in pts) / sw
         my = sum(w * y for _, y, w in pts) / sw
         sxx = sum(w * (x - mx) ** 2 for x, _, w in pts)
         slope = max(0.0, sum(w * (x - mx) * (y - my) for x, y, w in pts) / sxx)
-        self._line = (my - slope * mx, slope)
+        a = my - slope * mx
+        self._line = (a, slope) if a + slope > 0 else None
 
     def ratio(self, rows: int) -> float:
-        if rows <= 1:
-            return 1.0
+        r = min(max(rows, 1), self.max_rows)
+        if self._line is None:
+            return prior_cost(r)
         a, b = self._line
-        return max(1.0, a + b * min(rows, self.max_rows))
+        return (a + b * r) / (a + b)
 
 
 @dataclass
@@ -197,19 +191,28 @@ class PromptLookup:
     def draft(self, room: int | None = None) -> list[int]:
         """The leading part of the candidates worth a pass: the length with the most tokens
         expected per unit of cost, [] where none beats a plain step (or nothing matched)."""
+        return self.draft_in_batch(room)[0]
+
+    def draft_in_batch(self, room: int | None = None, rows: int = 0, tokens: float = 0.0) -> tuple[list[int], float]:
+        """draft() for a sequence whose pass is shared: `rows` rows of other sequences are in it
+        already, expected to give `tokens` tokens. The length chosen is the one with the most
+        tokens expected from the whole pass per unit of its cost; returns it and the tokens
+        this sequence's rows are expected to give (1 + the guesses expected to be kept)."""
         cands, match = self.candidates(room)
         self._pending, self._pending_match, self._pending_at = cands, match, 0
         costs = self.costs
         assert costs is not None
-        best, best_rate, p, expected = 0, 1.0, 1.0, 0.0
+        best, best_gain = 0, 1.0
+        best_rate = (tokens + 1.0) / costs.ratio(rows + 1)
+        p, expected = 1.0, 0.0
         for j in range(len(cands)):
             p *= self.keep_chance(match + j)
             expected += p
-            rate = (1.0 + expected) / costs.ratio(j + 2)
+            rate = (tokens + 1.0 + expected) / costs.ratio(rows + j + 2)
             if rate > best_rate:
-                best, best_rate = j + 1, rate
+                best, best_rate, best_gain = j + 1, rate, 1.0 + expected
         self.drafted += best
-        return cands[:best]
+        return cands[:best], best_gain
 
     def passed(self, rows: int, seconds: float) -> None:
         """A forward pass of `rows` rows (the sampled token and a draft) took `seconds`."""

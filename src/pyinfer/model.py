@@ -199,14 +199,32 @@ class Batch:
         """The forward-pass scratch it holds."""
         return self.n_rows * self.model._row_nbytes()
 
-    def step(self, contexts: Sequence[Context], tokens: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
+    def step(self, contexts: Sequence[Context], tokens: Sequence[Sequence[int]] | np.ndarray,
+             logit_rows: Sequence[int] | None = None) -> np.ndarray:
         """Append tokens[b] (a non-empty sequence of ids) to contexts[b] at its own positions.
         Returns the next-token logits after each one's last token, [B, n_vocab]: row b is what
-        contexts[b].eval(tokens[b]) returns (bit for bit with precision="fast"). Contexts must
-        be distinct contexts of this model with room for their tokens; on any error
-        (ValueError: bad id or count, full or repeated context; RuntimeError: a context in
-        use by another thread) no context changes."""
-        return self._run(self._batch.step, contexts, tokens, hidden=False)
+        contexts[b].eval(tokens[b]) returns (bit for bit with precision="fast"). logit_rows:
+        per context, how many of its last tokens to return the logits after (1 to
+        len(tokens[b])), all the contexts' rows back to back, [sum(logit_rows), n_vocab]: what
+        eval(all_logits=True) returns for those tokens (a sequence verifying guessed tokens
+        needs them all). Contexts must be distinct contexts of this model with room for their
+        tokens; on any error (ValueError: bad id or count, full or repeated context;
+        RuntimeError: a context in use by another thread) no context changes."""
+        if logit_rows is None:
+            return self._run(self._batch.step, contexts, tokens, hidden=False)
+        ctxs, ids, counts = self._prepare(contexts, tokens)
+        if len(logit_rows) != len(ctxs):
+            raise ValueError(f"{len(ctxs)} contexts but {len(logit_rows)} logit_rows: one per context")
+        n_logits = np.zeros(len(ctxs), np.int64)
+        for i, k in enumerate(logit_rows):
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 1 <= k <= counts[i]:
+                raise ValueError(f"logit_rows[{i}] must be an int from 1 to {int(counts[i])}, got {k!r}")
+            n_logits[i] = k
+        m = self.model
+        out = np.empty((int(n_logits.sum()), m.n_vocab), np.float32)
+        m.reader.check_unchanged()
+        self._batch.step([c._ctx for c in ctxs], ids, counts, out, m.precision, m.n_threads, n_logits)
+        return out
 
     def embed(self, contexts: Sequence[Context], tokens: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
         """As step, returning instead the final hidden states (after the output norm) of every

@@ -782,16 +782,18 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
 def load_app(model: str | None = None, *, n_threads: int | None = None, n_ctx: int = 4096, precision: str = "fast",
              kv_dtype: str = "float32", max_batch: int = 16, token_budget: int = TOKEN_BUDGET,
              kv_budget_bytes: int | None = None, max_queue: int = 64, prefix_cache: bool = True,
-             api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+             api_key: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+             draft: int | None = None) -> FastAPI:
     """Load a model (a path or a known name), start an Engine on it, and return the app over
-    it (the engine as app.state.engine)."""
+    it (the engine as app.state.engine). draft: the Engine's speculative decoding (None: its
+    default)."""
     from pyinfer.model import Model
     from pyinfer.registry import resolve_model
 
     path = resolve_model(model)
     m = Model.load(path, n_ctx=n_ctx, n_threads=n_threads, precision=precision, kv_dtype=kv_dtype)
     engine = Engine(m, max_batch=max_batch, token_budget=token_budget, kv_budget_bytes=kv_budget_bytes,
-                    max_queue=max_queue, prefix_cache=prefix_cache)
+                    max_queue=max_queue, prefix_cache=prefix_cache, draft=draft)
     return create_app(engine, model_name=path.stem, api_key=api_key, max_body_bytes=max_body_bytes)
 
 
@@ -799,13 +801,13 @@ def serve(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8000
           n_threads: int | None = None, n_ctx: int = 4096, precision: str = "fast", kv_dtype: str = "float32",
           max_batch: int = 16, token_budget: int = TOKEN_BUDGET, kv_budget_bytes: int | None = None,
           max_queue: int = 64, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, log_level: str = "info",
-          prefix_cache: bool = True) -> None:
+          prefix_cache: bool = True, draft: int | None = None) -> None:
     """Load a model and serve it until interrupted (what `pyinfer serve` runs)."""
     import uvicorn
 
     app = load_app(model, n_threads=n_threads, n_ctx=n_ctx, precision=precision, kv_dtype=kv_dtype,
                    max_batch=max_batch, token_budget=token_budget, kv_budget_bytes=kv_budget_bytes, max_queue=max_queue,
-                   prefix_cache=prefix_cache, api_key=api_key, max_body_bytes=max_body_bytes)
+                   prefix_cache=prefix_cache, api_key=api_key, max_body_bytes=max_body_bytes, draft=draft)
     engine = app.state.engine
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -89,6 +89,7 @@ class ReplicaConfig:
     max_queue: int = 64
     prefix_cache: bool = True
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    draft: int | None = None  # guessed tokens per pass (None: the engine's default)
 
     def __post_init__(self) -> None:
         for name in ("n_threads", "n_ctx", "max_batch", "token_budget", "max_body_bytes"):
