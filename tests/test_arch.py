@@ -13,7 +13,7 @@ import pytest
 from pyinfer import Model, _C
 from pyinfer import reference as R
 from pyinfer.arch import UnsupportedModelError, describe
-from pyinfer.bench.synthetic import Shape, write_synthetic_llama
+from pyinfer.bench.synthetic import Shape, write_synthetic, write_synthetic_llama
 from pyinfer.gguf import GGUFReader
 from pyinfer.gguf_types import GGMLType, ValueType
 from pyinfer.info import format_info, model_info
@@ -45,11 +45,16 @@ REFUSED_KEYS = [
     ("llama.attention.head_count_kv", (3, ValueType.UINT32), "head_count_kv = 3 does not divide"),
     ("llama.context_length", (0, ValueType.UINT32), "llama.context_length = 0 must be positive"),
     ("llama.block_count", (0, ValueType.UINT32), "llama.block_count = 0 must be positive"),
-    ("llama.rope.freq_base", float("nan"), "llama.rope.freq_base = nan must be"),
+    ("llama.rope.freq_base", float("nan"), "llama.rope.freq_base = nan is not a finite float32 number"),
     ("llama.rope.freq_base", -1.0, "llama.rope.freq_base = -1.0 must be"),
-    ("llama.attention.layer_norm_rms_epsilon", float("inf"), "layer_norm_rms_epsilon = inf must be"),
+    ("llama.attention.layer_norm_rms_epsilon", float("inf"), "layer_norm_rms_epsilon = inf is not a finite"),
     ("llama.attention.layer_norm_rms_epsilon", -1e-5, "must be a finite number in [0, 1)"),
     ("mixture.router", "top2", "metadata key mixture.router = 'top2' is not known"),
+    # Values a float64 or the wrong type carries: the forward pass's parameters are float32
+    ("llama.rope.freq_base", 1e300, "llama.rope.freq_base = 1e+300 is not a finite float32 number"),
+    ("llama.rope.scale_linear", (1e-300, ValueType.FLOAT64), "llama.rope.scale_linear = 1e-300 is not a finite"),
+    ("llama.rope.scale_linear", "abc", "llama.rope.scale_linear = 'abc' is not a number"),
+    ("llama.vocab_size", "abc", "llama.vocab_size = 'abc' is not an integer"),
 ]
 
 
@@ -116,6 +121,20 @@ def test_unused_tensor_refuses_the_file(tmp_path: Path, name: str, shape: tuple[
     info = model_info(GGUFReader(path))
     assert name in info["unsupported"]
     assert "not supported: " in format_info(info)
+
+
+@pytest.mark.parametrize(("name", "shape", "message"), [
+    ("blk.0.attn_norm.weight", (2, 32), "blk.0.attn_norm.weight: expected a vector of 64 float32 values, got shape "
+                                        "[2, 32]"),
+    ("blk.0.ffn_down.weight", (2, 32, 128), "tensor blk.0.ffn_down.weight has shape [128, 32, 2]: a vector or a "
+                                            "matrix was expected"),
+])
+def test_a_tensor_of_the_right_size_and_the_wrong_shape_refuses_the_file(tmp_path: Path, name: str,
+                                                                        shape: tuple[int, ...], message: str) -> None:
+    path = write_synthetic(tmp_path / "m.gguf", SHAPE, GGMLType.F32, seed=3, omit=(name,),
+                           tensors={name: np.ones(shape, np.float32)})
+    with pytest.raises(ValueError, match=_rx(message)):
+        Model.load(path)
 
 
 def test_native_model_refuses_a_tensor_its_architecture_does_not_read(tmp_path: Path) -> None:

@@ -3,10 +3,12 @@ trips, streaming decode at character boundaries, and the pre-tokenizer table."""
 
 from __future__ import annotations
 
+import re
 import sysconfig
 import unicodedata
 from pathlib import Path
 
+import numpy as np
 import pytest
 import regex
 from hypothesis import given, settings
@@ -350,6 +352,29 @@ def test_other_tokenizer_models_are_an_error(metadata: dict):
         Tokenizer(dict(metadata, **{"tokenizer.ggml.model": "llama"}))
     with pytest.raises(ValueError, match="tokenizer.ggml.model"):
         Tokenizer({k: v for k, v in metadata.items() if k != "tokenizer.ggml.model"})
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("tokenizer.ggml.add_bos_token", "false", "tokenizer.ggml.add_bos_token must be a bool, not str"),
+    ("tokenizer.ggml.add_bos_token", 0, "tokenizer.ggml.add_bos_token must be a bool, not int"),
+    ("tokenizer.ggml.add_space_prefix", "no", "tokenizer.ggml.add_space_prefix must be a bool, not str"),
+    ("tokenizer.ggml.eos_token_id", "x", "tokenizer.ggml.eos_token_id must be an integer, not str"),
+    ("tokenizer.ggml.bos_token_id", 1.0, "tokenizer.ggml.bos_token_id must be an integer, not float"),
+    ("tokenizer.ggml.tokens", np.arange(49152, dtype=np.int32), "tokenizer.ggml.tokens must be a string array"),
+])
+def test_wrong_typed_metadata_is_an_error_naming_the_key(metadata: dict, key: str, value: object, message: str):
+    """A value of the wrong type is refused by name, not read as something else ("false" as
+    a true flag, 1.0 as id 1)."""
+    if key == "tokenizer.ggml.add_space_prefix":  # read by SentencePiece-style vocabularies only
+        metadata = dict(metadata, **{"tokenizer.ggml.model": "llama",
+                                     "tokenizer.ggml.scores": np.zeros(49152, np.float32)})
+    with pytest.raises(TypeError, match=re.escape(message)):
+        Tokenizer(dict(metadata, **{key: value}))
+
+
+def test_a_special_id_outside_the_vocabulary_names_no_token(metadata: dict):
+    assert Tokenizer(dict(metadata, **{"tokenizer.ggml.eos_token_id": 10**6})).eos_id is None
+    assert Tokenizer(dict(metadata, **{"tokenizer.ggml.add_bos_token": np.bool_(True)})).add_bos is True
 
 
 # A vocabulary's pieces come from one conversion of all its texts, cut again: the same bytes as

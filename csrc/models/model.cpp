@@ -107,8 +107,10 @@ void check_weight(const WeightRef& w, const std::string& name, int64_t rows, int
 
 const float* check_vector(const WeightRef& w, const std::string& name, int64_t n) {
   if (w.data == nullptr) throw std::invalid_argument("missing weight " + name);
-  if (w.type != GGML_F32 || checked_mul(w.rows, w.cols, "a vector's elements (rows * cols)") != n)
-    throw std::invalid_argument(name + ": expected " + std::to_string(n) + " float32 values");
+  // One row of n (a 1-D tensor): a matrix of n values in all is a file's mistake, not a vector.
+  if (w.type != GGML_F32 || w.rows != 1 || w.cols != n)
+    throw std::invalid_argument(name + ": expected a vector of " + std::to_string(n) + " float32 values, got " +
+                                (w.type == GGML_F32 ? "shape " + shape_str(w.rows, w.cols) : "another type"));
   return static_cast<const float*>(w.data);
 }
 

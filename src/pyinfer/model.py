@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 import os
 import threading
 import warnings
@@ -16,6 +17,7 @@ import numpy as np
 
 from pyinfer import _C
 from pyinfer.arch import Config, describe
+from pyinfer.arch.base import FLOAT32_MAX, UnsupportedModelError, fits_float32
 from pyinfer.errors import ParameterTypeError
 from pyinfer.gguf import GGUFReader
 from pyinfer.registry import ModelArg, resolve_model
@@ -191,7 +193,8 @@ class Batch:
 
     def __init__(self, model: Model, n_rows: int) -> None:
         self.model = model
-        self.n_rows = _check_positive_int("n_rows", n_rows)
+        self.n_rows = _check_positive_int("n_rows", n_rows, MAX_TOKENS)
+        model._check_fits(self.nbytes, f"a batch of n_rows={self.n_rows}", "its scratch")
         self._batch = _C.Batch(model._native, self.n_rows)
 
     @property
@@ -328,10 +331,11 @@ class Model:
         description = describe(reader)
         self.config: Config = description.config
         # RoPE overrides (llama.cpp's --rope-freq-base / --rope-freq-scale): None keeps the file's.
-        for name, value in (("rope_freq_base", rope_freq_base), ("rope_freq_scale", rope_freq_scale)):
+        # A file's base must exceed 1 (arch.llama), and so must an override.
+        for name, value, lo in (("rope_freq_base", rope_freq_base, 1), ("rope_freq_scale", rope_freq_scale, 0)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not (math.isfinite(value) and value > 0)):
-                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+                                      or not (lo < value < FLOAT32_MAX and fits_float32(float(value)))):
+                raise ValueError(f"{name} must be a number > {lo} that fits a float32, got {value!r:.60}")
         if rope_freq_base is not None:
             self.config = dataclasses.replace(self.config, rope_base=float(rope_freq_base))
         if rope_freq_scale is not None:
@@ -364,6 +368,9 @@ class Model:
         tensors = {}
         for name in description.tensors:
             t = reader.tensors[name]
+            if len(t.shape) > 2:  # the forward pass reads vectors and matrices, by their own shapes
+                raise UnsupportedModelError(f"tensor {name} has shape {list(t.shape)}: a vector or a matrix "
+                                            "was expected")
             tensors[name] = (reader.tensor(name), int(t.type), t.n_elements // t.shape[0], t.shape[0])
         # The tokenizer is built on another thread while the weights are repacked (which
         # releases the GIL), so that a first request does not wait for it; a model run on ids
@@ -435,14 +442,19 @@ class Model:
         n_batch = min(
             n_ctx, _check_positive_int("n_batch", n_batch if n_batch is not None else self.n_batch, MAX_TOKENS)
         )
-        need = self.context_nbytes(n_ctx, n_batch)
+        self._check_fits(self.context_nbytes(n_ctx, n_batch),
+                         f"a context of n_ctx={n_ctx} (n_batch={n_batch})", "its KV cache and scratch")
+        return Context(self, n_ctx, n_batch, self.kv_dtype)
+
+    def _check_fits(self, need: int, what: str, purpose: str) -> None:
+        """MemoryError, naming what and its size, if need bytes exceed the memory_limit
+        (default: the memory available now)."""
         limit = self.memory_limit if self.memory_limit is not None else available_memory()
         if limit is not None and need > limit:
             raise MemoryError(
-                f"a context of n_ctx={n_ctx} (n_batch={n_batch}) needs {need / 1e6:,.1f} MB for its KV cache "
-                f"and scratch, over the {limit / 1e6:,.1f} MB {'limit' if self.memory_limit else 'available'}"
+                f"{what} needs {need / 1e6:,.1f} MB for {purpose}, over the {limit / 1e6:,.1f} MB "
+                f"{'limit' if self.memory_limit else 'available'}"
             )
-        return Context(self, n_ctx, n_batch, self.kv_dtype)
 
     def decode_batch(self, contexts: Sequence[Context], ids: Sequence[int]) -> np.ndarray:
         """Advance each context by one token, all in one forward pass: ids[b] goes to
@@ -507,12 +519,24 @@ class Model:
         _check_choice("pooling", pooling, ("mean", "last", "cls"))
         rows = _check_positive_int("n_rows", n_rows if n_rows is not None else self.n_batch, MAX_TOKENS)
         one = isinstance(texts, str)
+        if not one and (isinstance(texts, (bytes, bytearray, Mapping)) or not isinstance(texts, Sequence)):
+            raise ParameterTypeError(f"texts must be a str or a list of str or token-id lists, "
+                                     f"not {type(texts).__name__}")
         items = [texts] if one else list(texts)
         if not items:
             raise ValueError("embed needs at least one text")
         all_ids: list[list[int]] = []
         for i, t in enumerate(items):
-            ids = self.tokenize(t, add_bos=add_bos) if isinstance(t, str) else [int(x) for x in cast(Sequence[int], t)]
+            if isinstance(t, str):
+                ids = self.tokenize(t, add_bos=add_bos)
+            elif isinstance(t, (Sequence, np.ndarray)) and not isinstance(t, (bytes, bytearray)):
+                bad = next(((j, x) for j, x in enumerate(t) if isinstance(x, (bool, np.bool_))
+                            or not isinstance(x, (int, np.integer))), None)
+                if bad is not None:
+                    raise ParameterTypeError(f"texts[{i}][{bad[0]}] = {bad[1]!r} is not a token id (an int)")
+                ids = [operator.index(cast(int, x)) for x in t]
+            else:
+                raise ParameterTypeError(f"texts[{i}] must be a str or a list of token ids, not {type(t).__name__}")
             if not ids:
                 raise ValueError(f"texts[{i}] has no tokens")
             if len(ids) > self.n_ctx:

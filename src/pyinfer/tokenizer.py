@@ -131,6 +131,14 @@ def _number_list(values: Any, cast: type[int] | type[float]) -> list[Any]:
     return [cast(v) for v in values]
 
 
+def _flag(metadata: Mapping[str, Any], key: str) -> bool | None:
+    """A BOOL metadata value, or None when the key is absent (a string "false" is not False)."""
+    v = metadata.get(key)
+    if v is not None and not isinstance(v, (bool, np.bool_)):
+        raise TypeError(f"{key} must be a bool, not {type(v).__name__}")
+    return None if v is None else bool(v)
+
+
 def _byte_token(text: str) -> bytes:
     """A byte token's value, written <0xXX>."""
     if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
@@ -282,10 +290,10 @@ class Tokenizer:
             )
         self.model: str = model
         tokens = metadata.get("tokenizer.ggml.tokens")
+        if tokens is not None and not (isinstance(tokens, list) and all(isinstance(t, str) for t in tokens)):
+            raise TypeError("tokenizer.ggml.tokens must be a string array")
         if not tokens:
             raise ValueError("tokenizer.ggml.tokens is missing or empty")
-        if not isinstance(tokens, list):
-            raise TypeError("tokenizer.ggml.tokens must be a string array")
         if model == "gpt2":
             pre = self._pre_tokenizer(metadata)
             merges = metadata.get("tokenizer.ggml.merges")
@@ -333,8 +341,8 @@ class Tokenizer:
         self.eos_id: int | None = self._special_id(metadata, "eos")
         self.unk_id: int | None = self._special_id(metadata, "unknown")
         self.pad_id: int | None = self._special_id(metadata, "padding")
-        add_bos = metadata.get("tokenizer.ggml.add_bos_token")
-        self.add_bos: bool = pre.add_bos if add_bos is None else bool(add_bos)
+        add_bos = _flag(metadata, "tokenizer.ggml.add_bos_token")
+        self.add_bos: bool = pre.add_bos if add_bos is None else add_bos
         if self.eos_id is not None:
             eot.add(self.eos_id)
         self.eot_ids: frozenset[int] = frozenset(eot)
@@ -373,7 +381,8 @@ class Tokenizer:
             self.missing_bytes = frozenset(b for b, i in enumerate(byte_ids) if i is None)
             self._encoder = SentencePiece(index, scores, byte_ids)
             # llama.cpp's default for these vocabularies is a leading space; Gemma's files turn it off.
-            self.add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
+            space = _flag(metadata, "tokenizer.ggml.add_space_prefix")
+            self.add_space_prefix = True if space is None else space
 
         # Texts matched as single tokens before BPE: longest first, as llama.cpp does.
         # User-defined tokens always; control and unknown ones only with special=True.
@@ -426,11 +435,15 @@ class Tokenizer:
 
     @staticmethod
     def _special_id(metadata: Mapping[str, Any], name: str) -> int | None:
-        v = metadata.get(f"tokenizer.ggml.{name}_token_id")
-        n = len(metadata["tokenizer.ggml.tokens"])
-        if v is None or not 0 <= int(v) < n:
+        key = f"tokenizer.ggml.{name}_token_id"
+        v = metadata.get(key)
+        if v is None:
             return None
-        return int(v)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{key} must be an integer, not {type(v).__name__}")
+        # An id outside the vocabulary names no token: as llama.cpp does, the file then has none.
+        n = len(metadata["tokenizer.ggml.tokens"])
+        return int(v) if 0 <= v < n else None
 
     @classmethod
     def load(cls, model: Any = None) -> Tokenizer:

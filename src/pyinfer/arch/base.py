@@ -8,6 +8,7 @@ to change the computation: a model is never run with part of its file silently i
 
 from __future__ import annotations
 
+import math
 import operator
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -156,8 +157,28 @@ def get_int(arch: Architecture, md: Mapping[str, Any], suffix: str, default: int
         raise UnsupportedModelError(f"{arch.key(suffix)} = {_show(v)} is not an integer") from None
 
 
+# float32's largest finite value and smallest positive normal one
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.1754943508222875e-38
+
+
+def fits_float32(v: float) -> bool:
+    """Whether v keeps its meaning as a float32 (the forward pass's parameters are): NaN,
+    an infinity, a magnitude past float32's range, or one so small that it flushes toward
+    zero, does not."""
+    return math.isfinite(v) and (v == 0 or FLOAT32_TINY <= abs(v) <= FLOAT32_MAX)
+
+
 def get_float(arch: Architecture, md: Mapping[str, Any], suffix: str, default: float | None = None) -> float:
+    """md[<arch>.<suffix>] as a float that fits a float32 (a FLOAT64 value may not), or default."""
     v = get_key(arch, md, suffix, default)
     if isinstance(v, (bool, str)) or not (isinstance(v, (int, float)) or hasattr(v, "__float__")):
         raise UnsupportedModelError(f"{arch.key(suffix)} = {_show(v)} is not a number")
-    return float(v)
+    try:
+        f = float(v)
+    except (OverflowError, TypeError, ValueError):
+        raise UnsupportedModelError(f"{arch.key(suffix)} = {_show(v)} is not a number") from None
+    if not fits_float32(f):
+        raise UnsupportedModelError(f"{arch.key(suffix)} = {_show(v)} is not a finite float32 number "
+                                    f"(magnitudes from {FLOAT32_TINY:.4g} to {FLOAT32_MAX:.4g}, or 0)")
+    return f

@@ -53,7 +53,10 @@ def _local_layers(arch: Architecture, md: Mapping[str, Any], n_layer: int) -> tu
     key = arch.key("attention.sliding_window_pattern")
     v = md.get(key, DEFAULT_PATTERN)
     if isinstance(v, (list, tuple)) or hasattr(v, "tolist"):
-        flags = [bool(x) for x in (v.tolist() if hasattr(v, "tolist") else v)]
+        items = v.tolist() if hasattr(v, "tolist") else v
+        if not all(isinstance(x, bool) or (isinstance(x, int) and x in (0, 1)) for x in items):
+            raise UnsupportedModelError(f"{key} must be a period or one flag (bool) per layer")
+        flags = [bool(x) for x in items]
         if len(flags) != n_layer:
             raise UnsupportedModelError(f"{key} has {len(flags)} flags for {n_layer} layers")
         return tuple(flags)

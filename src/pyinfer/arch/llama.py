@@ -88,8 +88,8 @@ def _config(arch: Architecture, md: Mapping[str, Any], shapes: Mapping[str, tupl
             f"(head dim {head_dim}) is not supported"
             + (" (an even count in [2, head dim] is)" if partial_rotary else " by this architecture")
         )
-    vocab = md.get(arch.key("vocab_size"))
-    if vocab is not None and int(vocab) != n_vocab:
+    vocab = get_int(arch, md, "vocab_size") if arch.key("vocab_size") in md else None
+    if vocab is not None and vocab != n_vocab:
         raise UnsupportedModelError(
             f"{arch.key('vocab_size')} = {vocab} but token_embd.weight has {n_vocab} rows"
         )
@@ -111,11 +111,11 @@ def _config(arch: Architecture, md: Mapping[str, Any], shapes: Mapping[str, tupl
             )
     else:
         raise UnsupportedModelError(f"{arch.key('rope.scaling.type')} = {scaling!r} is not supported")
-    legacy = md.get(arch.key("rope.scale_linear"))
-    if legacy is not None and arch.key("rope.scaling.type") not in md:  # older converters' linear scaling
-        if not float(legacy) > 0:
+    if arch.key("rope.scale_linear") in md and arch.key("rope.scaling.type") not in md:  # older converters'
+        legacy = get_float(arch, md, "rope.scale_linear")
+        if not legacy > 0:
             raise UnsupportedModelError(f"{arch.key('rope.scale_linear')} = {legacy} must be positive")
-        freq_scale /= float(legacy)
+        freq_scale /= legacy
     rope_freqs = shapes.get("rope_freqs.weight")
     if rope_freqs is not None and tuple(rope_freqs) != (rope_dim // 2,):
         raise UnsupportedModelError(
