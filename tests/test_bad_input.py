@@ -23,6 +23,7 @@ from pyinfer.engine import Engine
 from pyinfer.errors import ChatTemplateError, ContextOverflowError, GGUFError, ParameterTypeError
 from pyinfer.gguf import GGUFReader, GGUFWriter
 from pyinfer.gguf_types import GGMLType
+from pyinfer.model import Batch
 from pyinfer.registry import ModelNotFoundError
 
 PROMPT = "The capital of France is"
@@ -97,6 +98,10 @@ CASES = [
          r"repack must be True, False or None .* not 'no'"),
     Case("load: memory_limit=0", lambda e: Model(e.model.reader, memory_limit=0), ValueError,
          r"memory_limit must be a positive integer, got 0"),
+    Case("load: rope_freq_base past float32", lambda e: Model(e.model.reader, rope_freq_base=1e39), ValueError,
+         r"rope_freq_base must be a number > 1 that fits a float32, got 1e\+39"),
+    Case("load: rope_freq_scale below float32", lambda e: Model(e.model.reader, rope_freq_scale=1e-40), ValueError,
+         r"rope_freq_scale must be a number > 0 that fits a float32, got 1e-40"),
     Case("load: unknown keyword", lambda e: Model.load(e.model.reader.path, n_gpu_layers=1), TypeError,
          r"n_gpu_layers"),
     # -- contexts and raw evaluation
@@ -104,6 +109,9 @@ CASES = [
          r"n_ctx must be in \[1, 2147483647\]"),
     Case("context: too large for memory", lambda e: Model(e.model.reader, memory_limit=10**6).context(n_ctx=4096),
          MemoryError, r"n_ctx=4096 .* needs [\d,.]+ MB .* over the 1\.0 MB limit"),
+    Case("batch: too large for memory", lambda e: Batch(Model(e.model.reader, memory_limit=10**6), 4096),
+         MemoryError, r"a batch of n_rows=4096 needs [\d,.]+ MB for its scratch, over the 1\.0 MB limit"),
+    Case("batch: n_rows=2**64", lambda e: Batch(e.model, 2**64), ValueError, r"n_rows must be in \[1, 2147483647\]"),
     Case("context: n_batch=0", lambda e: e.model.context(n_ctx=8, n_batch=0), ValueError, r"n_batch .* got 0"),
     Case("eval: id past the vocabulary", lambda e: e.model.context(8).eval([1, 49152]), ValueError,
          r"token id 49152 is outside the vocabulary \[0, 49152\)"),
@@ -119,6 +127,11 @@ CASES = [
          r"ids must be 1 integers, one per context"),
     Case("decode_batch: a foreign object", lambda e: e.model.decode_batch(["ctx"], [1]), ValueError,
          r"contexts\[0\] is not a context of this model"),
+    Case("embed: float ids", lambda e: e.model.embed([[1.9, 2.9]]), ParameterTypeError,
+         r"texts\[0\]\[0\] = 1\.9 is not a token id"),
+    Case("embed: bytes", lambda e: e.model.embed(b"hello"), ParameterTypeError, r"texts must be a str .* not bytes"),
+    Case("embed: ids not in a list", lambda e: e.model.embed([1, 2]), ParameterTypeError,
+         r"texts\[0\] must be a str or a list of token ids, not int"),
     # -- generate
     Case("generate: prompt None", gen(prompt=None), ParameterTypeError, r"prompt must be a str .* not NoneType"),
     Case("generate: prompt bytes", gen(prompt=b"hi"), ParameterTypeError, r"prompt must be a str .* not bytes"),
@@ -138,6 +151,9 @@ CASES = [
          r"max_tokens must be in \[0, 2147483647\].* got -1"),
     Case("generate: max_tokens a str", gen(max_tokens="3"), ParameterTypeError, r"max_tokens must be an int, not str"),
     Case("generate: temperature NaN", gen(temperature=float("nan")), ValueError, r"temperature must not be NaN"),
+    Case("generate: an int past float's range", gen(top_p=10**400), ValueError, r"top_p is outside a float's range"),
+    Case("generate: stream a str", gen(stream="yes"), ParameterTypeError, r"stream must be True or False, not 'yes'"),
+    Case("generate: special a str", gen(special="yes"), ParameterTypeError, r"special must be True or False, not 'yes'"),
     Case("generate: temperature=-1", gen(temperature=-1), ValueError, r"temperature must be >= 0 .* got -1"),
     Case("generate: top_k=2**70", gen(top_k=2**70), ValueError,
          r"top_k must be in \[0, 2147483647\].* got 1180591620717411303424"),

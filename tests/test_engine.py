@@ -179,6 +179,15 @@ def test_admission_waits_for_memory_and_a_full_queue_is_refused(model):
             e.submit(PROMPTS[0], max_tokens=None)
 
 
+def test_a_budget_that_holds_no_context_is_refused_at_construction(model):
+    with Engine(model) as probe:
+        one = probe.context_bytes_for(256)  # the smallest context (ctx_granularity tokens)
+    with pytest.raises(ValueError, match=rf"kv_budget_bytes = {one - 1} holds no context: the smallest "
+                                         rf"\(256 tokens\) takes {one} bytes"):
+        Engine(model, kv_budget_bytes=one - 1)
+    Engine(model, kv_budget_bytes=one).close()
+
+
 def test_a_reservation_is_the_kv_cache_and_the_step_scratch_is_shared(model):
     probe = Engine(model, max_batch=4, token_budget=64)
     need = probe.context_bytes_for(256)

@@ -1038,3 +1038,8 @@ def test_llama_size_arguments_are_checked_by_name(default_model):
         Llama(model_path=str(default_model), n_ctx=64, last_n_tokens_size=10**12, verbose=False)
     with pytest.raises(ParameterTypeError, match="n_ubatch must be an int, not str"):
         Llama(model_path=str(default_model), n_ctx=64, n_ubatch="x", verbose=False)
+    with pytest.raises(ValueError, match="n_ubatch must be >= 1, got 0"):
+        Llama(model_path=str(default_model), n_ctx=64, n_ubatch=0, verbose=False)
+    # Checked before either kind of load, so a tokenizer-only Llama refuses it too.
+    with pytest.raises(ValueError, match=r"n_threads must be a positive integer, 0 or None \(the default\), got -4"):
+        Llama(model_path=str(default_model), vocab_only=True, n_threads=-4, verbose=False)

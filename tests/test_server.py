@@ -403,6 +403,7 @@ def test_errors_are_openai_shaped(client, server):
     assert ei.value.status_code == 400
     assert "600" in ei.value.message and str(N_CTX) in ei.value.message
     assert ei.value.body["code"] == "context_length_exceeded" and ei.value.body["param"] == "prompt"
+    assert "--ctx" in ei.value.message and "truncate" not in ei.value.message  # advice a client can follow
     with pytest.raises(openai.BadRequestError) as ei:
         client.chat.completions.create(model="x", messages=[{"role": "user", "content": "word " * 700}])
     assert ei.value.body["param"] == "messages" and str(N_CTX) in ei.value.message
@@ -422,6 +423,11 @@ def test_errors_are_openai_shaped(client, server):
         ({"seed": 2**70}, "seed"),
         ({"max_tokens": 2**70}, "max_tokens"),
         ({"logit_bias": {str(2**70): 1.0}}, "logit_bias"),
+        ({"logit_bias": {"1_0": 1.0}}, "logit_bias"),  # int() would read these as 10 and 3
+        ({"logit_bias": {"\u0663": 1.0}}, "logit_bias"),
+        ({"top_p": 10**400}, "top_p"),  # an int past float64's range: not a 500
+        ({"presence_penalty": -(10**400)}, "presence_penalty"),
+        ({"stream": True, "stream_options": {"include_usage": "y"}}, "stream_options"),
     ]:
         with pytest.raises(openai.BadRequestError) as ei:
             client.completions.create(model="x", prompt=PROMPT, **kwargs)
@@ -475,6 +481,25 @@ def test_errors_are_openai_shaped(client, server):
     assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
     r = httpx.get(f"{server}/v1/nothing", headers=auth)
     assert r.status_code == 404 and "message" in r.json()["error"]
+
+
+def test_the_model_is_listed_and_retrieved(client):
+    listed = client.models.list().data
+    assert len(listed) == 1
+    card = client.models.retrieve(listed[0].id)
+    assert card.id == listed[0].id and card.object == "model"
+    with pytest.raises(openai.NotFoundError) as ei:
+        client.models.retrieve("no-such-model")
+    assert ei.value.body["code"] == "model_not_found" and "no-such-model" in ei.value.message
+
+
+def test_a_developer_message_is_a_system_message(client):
+    def reply(role: str) -> str | None:
+        r = client.chat.completions.create(model="x", max_tokens=6, temperature=0, messages=[
+            {"role": role, "content": "Answer in one word."}, {"role": "user", "content": "Name a colour."}])
+        return r.choices[0].message.content
+
+    assert reply("developer") == reply("system")
 
 
 def test_api_key_refused_and_accepted(server, client):

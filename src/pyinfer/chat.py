@@ -46,6 +46,9 @@ from pyinfer.errors import ChatTemplateError, ParameterTypeError
 from pyinfer.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")
+# Other names of a role: OpenAI's newer models take their instructions as "developer"
+# messages, which every template here knows as "system".
+ROLE_ALIASES = {"developer": "system"}
 TEMPLATE_KEY = "tokenizer.chat_template"
 
 # Gemma's turns, for the files that carry no template of their own (llama.cpp also falls back
@@ -373,8 +376,9 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
     """Plain-dict copies of chat messages after checking them: a non-empty list of mappings,
-    each with a role in ROLES and string content (an assistant message that carries
-    `tool_calls` may have content None). Other keys (name, tool_call_id, ...) pass through.
+    each with a role in ROLES (or ROLE_ALIASES, renamed) and string content (an assistant
+    message that carries `tool_calls` may have content None). Other keys (name, tool_call_id,
+    ...) pass through.
     """
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
         raise ParameterTypeError(
@@ -388,9 +392,12 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
         if not isinstance(m, Mapping):
             raise ParameterTypeError(f"messages[{i}] must be a dict, not {type(m).__name__}")
         role = m.get("role")
+        if isinstance(role, str) and role in ROLE_ALIASES:
+            m = {**m, "role": ROLE_ALIASES[role]}
+            role = m["role"]
         if role not in ROLES:
             raise ValueError(
-                f"messages[{i}] has role {role!r}: it must be one of {', '.join(ROLES)}"
+                f"messages[{i}] has role {role!r}: it must be one of {', '.join((*ROLES, *ROLE_ALIASES))}"
             )
         if "content" not in m:
             raise ValueError(f"messages[{i}] ({role}) has no 'content'")

@@ -385,6 +385,12 @@ class Engine:
         if kv_budget_bytes is None:
             kv_budget_bytes = available_memory_bytes() // 2
         self.kv_budget_bytes = _positive("kv_budget_bytes", kv_budget_bytes)
+        # A budget that holds not even the smallest context would refuse every request as if
+        # each asked too much: the configuration is what is wrong.
+        smallest = self.context_bytes_for(min(self.ctx_granularity, self.n_ctx))
+        if smallest > self.kv_budget_bytes:
+            raise ValueError(f"kv_budget_bytes = {self.kv_budget_bytes} holds no context: the smallest "
+                             f"({min(self.ctx_granularity, self.n_ctx)} tokens) takes {smallest} bytes")
         self.prefix_cache = bool(prefix_cache)
         self.prefix_block = _positive("prefix_block", prefix_block)
         self.on_finish = on_finish

@@ -26,6 +26,7 @@ from pyinfer.request import (
     Request,
     StopHook,
     Timings,
+    check_flag,
     prompt_and_params,
 )
 from pyinfer.sampling import SamplingParams
@@ -180,6 +181,7 @@ def generate(
     """
     if isinstance(n_batch, bool) or not isinstance(n_batch, (int, np.integer)) or n_batch < 1:
         raise ValueError(f"n_batch must be an int >= 1, got {n_batch!r}")
+    check_flag("stream", stream)
     req = Request(
         tokenizer,
         prompt_ids,
@@ -368,6 +370,8 @@ def model_generate(
     """
     if started is None:
         started = perf_counter()
+    check_flag("stream", stream)
+    check_flag("special", special)  # before the prompt is tokenized with it
     ids, params, constraint = prompt_and_params(
         prompt, model.tokenizer, lambda text: model.tokenize(text, add_bos=add_bos, special=special), sampling,
         "generate",

@@ -697,6 +697,11 @@ class Llama:
         n_ubatch = kwargs.get("n_ubatch", 512)
         if isinstance(n_ubatch, bool) or not isinstance(n_ubatch, (int, np.integer)):
             raise ParameterTypeError(f"n_ubatch must be an int, not {type(n_ubatch).__name__}")
+        if n_ubatch < 1:
+            raise ValueError(f"n_ubatch must be >= 1, got {n_ubatch}")
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer))
+                                      or n_threads < 0):
+            raise ValueError(f"n_threads must be a positive integer, 0 or None (the default), got {n_threads!r}")
         if model_path is None:
             path = resolve_model(None)
         else:

@@ -274,6 +274,13 @@ def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
     return out
 
 
+def check_flag(name: str, value: object) -> bool:
+    """A True / False parameter: "yes" or 1 is a mistake to name, not a truth value."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ParameterTypeError(f"{name} must be True or False, not {value!r:.40}")
+    return bool(value)
+
+
 def _count(name: str, value: object, minimum: int, what: str = "") -> int:
     """A count in [minimum, INT32_MAX] (positions are 32-bit in the kernels)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -437,6 +444,7 @@ class Request:
             max_tokens = _count("max_tokens", max_tokens, 0, " or None (no limit)")
         if truncate not in (None, "left"):
             raise ValueError(f"truncate must be None or 'left', got {truncate!r}")
+        special = check_flag("special", special)
         if cancel is None:
             cancel = CancelToken()
         elif not isinstance(cancel, CancelToken):

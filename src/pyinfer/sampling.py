@@ -49,7 +49,10 @@ def _number(name: str, value: Any) -> float:
     # bool is an int subclass, but temperature=True is a mistake, not 1.0
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ParameterTypeError(f"{name} must be a number, not {type(value).__name__}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float64's range: not inf, which 1e999 spells
+        raise ValueError(f"{name} is outside a float's range") from None
     if math.isnan(value):
         raise ValueError(f"{name} must not be NaN")
     return value

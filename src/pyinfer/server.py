@@ -19,6 +19,7 @@ import base64
 import contextlib
 import hmac
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -130,6 +131,9 @@ def _opt_int(body: Mapping[str, Any], name: str, lo: int, hi: int | None = None)
     return int(v)
 
 
+_TOKEN_KEY = re.compile(r"-?[0-9]{1,20}", re.ASCII)
+
+
 def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     """The sampling keywords of a request, each checked alone so that an error names it."""
     out: dict[str, Any] = {}
@@ -146,10 +150,12 @@ def _sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     if bias is not None:
         if not isinstance(bias, dict):
             raise _bad("logit_bias", f"logit_bias must be an object of token id -> bias, not {type(bias).__name__}")
-        try:
-            parsed = {int(k): v for k, v in bias.items()}
-        except ValueError:
-            raise _bad("logit_bias", "logit_bias keys must be token ids (integers)") from None
+        # A key is a token id in ASCII digits, as JSON writes an int: int() alone would also
+        # take " 5 ", "1_0" and other scripts' digits.
+        bad = next((k for k in bias if not _TOKEN_KEY.fullmatch(k)), None)
+        if bad is not None:
+            raise _bad("logit_bias", f"logit_bias keys must be token ids (integers), not {bad[:40]!r}")
+        parsed = {int(k): v for k, v in bias.items()}
         try:
             SamplingParams(logit_bias=parsed)
         except (TypeError, ValueError) as e:
@@ -216,7 +222,10 @@ def _include_usage(body: Mapping[str, Any]) -> bool:
         return False
     if not isinstance(so, dict):
         raise _bad("stream_options", "stream_options must be an object")
-    return _opt_bool(so, "include_usage")
+    v = so.get("include_usage")
+    if v is not None and not isinstance(v, bool):
+        raise _bad("stream_options", f"stream_options.include_usage must be a boolean, not {type(v).__name__}")
+    return bool(v)
 
 
 def _prompt(body: Mapping[str, Any]) -> str | list[int]:
@@ -423,7 +432,10 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
         except ConstraintError as e:
             raise APIError(400, str(e), param=constraint_field) from None
         except ContextOverflowError as e:
-            raise APIError(400, str(e), param=prompt_param, code="context_length_exceeded") from None
+            # The engine's advice names Python arguments; a client has the prompt to change.
+            raise APIError(400, f"the prompt has {e.n_tokens} tokens, more than the context holds (n_ctx = "
+                           f"{e.n_ctx}): shorten it, or serve with a larger context (pyinfer serve --ctx)",
+                           param=prompt_param, code="context_length_exceeded") from None
         except OverloadedError as e:
             raise APIError(503, str(e), type="server_error", code="overloaded",
                            headers={"Retry-After": str(max(1, round(e.retry_after)))}) from None
@@ -532,12 +544,20 @@ def create_app(engine: Engine, *, model_name: str, api_key: str | None = None,
     async def get_metrics() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    def model_card() -> dict[str, Any]:
+        return {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "pyinfer",
+                "meta": {"n_ctx": engine.n_ctx, "n_vocab": model.n_vocab}}
+
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [
-            {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "pyinfer",
-             "meta": {"n_ctx": engine.n_ctx, "n_vocab": model.n_vocab}},
-        ]})
+        return JSONResponse({"object": "list", "data": [model_card()]})
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_info(model_id: str) -> JSONResponse:
+        if model_id != model_name:
+            raise APIError(404, f"the model {model_id!r} does not exist: this server serves {model_name!r}",
+                           type="invalid_request_error", param="model", code="model_not_found")
+        return JSONResponse(model_card())
 
     @app.post("/tokenize")
     async def tokenize(request: HTTPRequest) -> JSONResponse:
