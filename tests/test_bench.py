@@ -16,7 +16,7 @@ import pytest
 
 from pyinfer import _C
 from pyinfer.bench import studies
-from pyinfer.bench.common import median
+from pyinfer.bench.common import cache_note, last_level_cache_bytes, median
 from pyinfer.bench.engines import OpenVINOEngine, llama_bench_peers, parse_llama_bench, peer_makers
 from pyinfer.bench.synthetic import PRESETS, write_synthetic_llama
 from pyinfer.gguf import GGUFReader
@@ -284,6 +284,28 @@ def test_openvino_peer_times_the_same_file(default_model: Path, tmp_path: Path) 
     bad.write_bytes(b"GGUF" + bytes(60))
     with pytest.raises(RuntimeError, match="OpenVINO worker"):
         OpenVINOEngine(python, bad, 1)
+
+
+def test_last_level_cache_is_the_highest_level_listed(tmp_path: Path) -> None:
+    for name, level, size in (("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "480M")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(level + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(tmp_path) == 480 << 20
+    assert last_level_cache_bytes(tmp_path / "missing") is None
+    (tmp_path / "index3" / "size").write_text("lots\n")
+    assert last_level_cache_bytes(tmp_path) is None
+
+
+def test_shares_past_the_ceiling_are_explained() -> None:
+    row = {"weight_bytes_per_token": 90e6, "kv_bytes_per_token": 2e6, "pct_of_ceiling": 99.0}
+    assert cache_note([row], 480 << 20) == []
+    batched = {"batch": 4, "weight_bytes_per_token": 25e6, "kv_bytes_per_token": 1e6, "pct_of_ceiling": 112.0}
+    note = " ".join(cache_note([row, batched, {"batch": 4, "weight_bytes_per_token": 1e9, "kv_bytes_per_token": 0}],
+                               480 << 20))
+    # The step of four sequences reads the weights once and four KV caches: 104 MB.
+    assert "up to 104 MB read per step" in note and "480 MiB" in note
+    assert "caches hold part" in " ".join(cache_note([batched], None))
 
 
 def test_llama_bench_peers_are_named(tmp_path: Path) -> None:

@@ -15,8 +15,10 @@ from pyinfer.bench.common import (
     GB,
     Progress,
     Settings,
+    cache_note,
     decode_row,
     kv_bytes_per_position,
+    last_level_cache_bytes,
     median,
     prompt_ids,
     table,
@@ -187,7 +189,7 @@ def _roofline_md(rows: list[dict[str, Any]], key: str, label: str) -> list[str]:
                  [[r[key], r["threads"], f"{_fmt_mb(r['weight_bytes_per_token'])} + {_fmt_mb(r['kv_bytes_per_token'])}",
                    f"{r['tokens_per_s']:.1f}", f"{r['achieved_gbps']:.1f}", f"{r['ceiling_gbps']:.1f}",
                    f"{r['pct_of_ceiling']:.0f}%", f"{r['ceiling_gbps'] * GB / r['bytes_per_token']:.0f}"]
-                  for r in rows])
+                  for r in rows]) + cache_note(rows, last_level_cache_bytes())
 
 
 def study_roofline(s: Settings) -> Report:
@@ -284,6 +286,7 @@ def study_context(s: Settings) -> Report:
                 [[r["kv_dtype"], r["context"], _fmt_mb(r["weight_bytes_per_token"]), _fmt_mb(r["kv_bytes_per_token"]),
                   f"{r['tokens_per_s']:.1f}", f"{r['achieved_gbps']:.1f}", f"{r['pct_of_ceiling']:.0f}%"]
                  for r in rows])
+    md += cache_note(rows, last_level_cache_bytes())
     return {"study": "context", "rows": rows}, md
 
 
@@ -406,6 +409,7 @@ def study_batch(s: Settings) -> Report:
                   _fmt_mb(r["weight_bytes_per_token"] + r["kv_bytes_per_token"]), f"{r['achieved_gbps']:.1f}",
                   f"{r['ceiling_tokens_per_s']:.0f}" if "ceiling_tokens_per_s" in r else "-",
                   f"{r['pct_of_ceiling']:.0f}%" if "pct_of_ceiling" in r else "-"] for r in rows])
+    md += cache_note(rows, last_level_cache_bytes())
     md += ["", f"Ceiling of B sequences: B tokens per read of the weights at the read bandwidth measured after "
            f"the runs ({ceil['read_gbps']:.1f} GB/s, {nt} thread(s)), each with its KV cache"]
     if ceil["int8_tokens_per_s"] is not None:
