@@ -15,9 +15,15 @@ import numpy as np
 import pytest
 
 from pyinfer import _C
-from pyinfer.bench import studies
+from pyinfer.bench import engines, studies
 from pyinfer.bench.common import cache_note, last_level_cache_bytes, median
-from pyinfer.bench.engines import OpenVINOEngine, llama_bench_peers, parse_llama_bench, peer_makers
+from pyinfer.bench.engines import (
+    OpenVINOEngine,
+    llama_bench_peers,
+    parse_llama_bench,
+    peer_makers,
+    trial_in_child,
+)
 from pyinfer.bench.synthetic import PRESETS, write_synthetic_llama
 from pyinfer.gguf import GGUFReader
 from pyinfer.gguf_types import GGMLType
@@ -306,6 +312,29 @@ def test_shares_past_the_ceiling_are_explained() -> None:
     # The step of four sequences reads the weights once and four KV caches: 104 MB.
     assert "up to 104 MB read per step" in note and "480 MiB" in note
     assert "caches hold part" in " ".join(cache_note([batched], None))
+
+
+def test_a_child_trial_reports_how_it_ended() -> None:
+    assert trial_in_child("pass", []) is None
+    assert "SIGABRT" in (trial_in_child("import os; os.abort()", []) or "")
+    # The arguments reach the child; a message on its stderr comes back with the status.
+    assert trial_in_child("import sys; sys.exit(0 if sys.argv[1:] == ['a', 'b'] else 'wrong')", ["a", "b"]) is None
+    assert "status 1: no model" in (trial_in_child("import sys; sys.exit('no model')", []) or "")
+    assert "did not finish in 1 s" in (trial_in_child("import time; time.sleep(30)", [], timeout=1) or "")
+
+
+def test_a_llama_cpp_that_faults_is_skipped_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A llama-cpp-python whose trial in a child dies is skipped with the reason, before the
+    bench's own process loads it (where the fault would end every study after it)."""
+    monkeypatch.setitem(sys.modules, "llama_cpp", type(sys)("llama_cpp"))
+    crash = "import os, sys; assert sys.argv[1].endswith('m.gguf'); os.abort()"  # given the model, then dies
+    monkeypatch.setattr(engines, "_LLAMA_CPP_TRIAL", crash)
+    makers, skipped = peer_makers(None, None, tmp_path / "m.gguf")
+    assert "llama.cpp" not in [n for n, _ in makers]
+    assert "SIGABRT" in skipped["llama.cpp"]
+    monkeypatch.setattr(engines, "_LLAMA_CPP_TRIAL", "pass")
+    makers, skipped = peer_makers(None, None, tmp_path / "m.gguf")
+    assert "llama.cpp" in [n for n, _ in makers] and "llama.cpp" not in skipped
 
 
 def test_llama_bench_peers_are_named(tmp_path: Path) -> None:

@@ -377,18 +377,61 @@ def llama_bench_peers(specs: list[str] | str | None) -> list[tuple[str, str]]:
     return out
 
 
-def peer_makers(llama_bench: list[str] | str | None, openvino_python: str | None = None
-                ) -> tuple[list[tuple[str, Callable[..., Engine]]], dict[str, str]]:
-    """(name, constructor) of each peer available here, and why the others are skipped."""
+# What a peer run in this process must survive, tried first in a child: llama-cpp-python's
+# native library (built on the user's machine, for its CPU) loading the model and evaluating a
+# short prompt on the default threads. Some builds fault on some CPUs (0.3.36 with
+# GGML_NATIVE=ON on an Intel Xeon with AMX: a general protection fault at ldtilecfg), and a
+# fault in the bench's own process would end every study after it.
+_LLAMA_CPP_TRIAL = r"""
+import sys
+from llama_cpp import Llama
+m = Llama(model_path=sys.argv[1], n_ctx=128, n_batch=64, verbose=False)
+m.eval(m.tokenize(b"The quick brown fox jumps over the lazy dog. " * 4)[:64])
+"""
+
+
+def trial_in_child(code: str, args: Sequence[str], timeout: float = 300.0) -> str | None:
+    """Runs `code` in a child Python with `args`: None if it exits with status 0, else why not
+    (the signal that ended it, its status and the tail of its stderr, or the timeout)."""
+    try:
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
+                           check=False)
+    except subprocess.TimeoutExpired:
+        return f"a trial run in a child process did not finish in {timeout:.0f} s"
+    if r.returncode == 0:
+        return None
+    if r.returncode < 0:
+        import signal
+
+        try:
+            how = f"was killed by {signal.Signals(-r.returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-r.returncode}"
+    else:
+        how = f"exited with status {r.returncode}"
+    tail = r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else []
+    return f"a trial load and evaluation in a child process {how}" + (f": {tail[0][:200]}" if tail else "")
+
+
+def peer_makers(llama_bench: list[str] | str | None, openvino_python: str | None = None,
+                model: Path | None = None) -> tuple[list[tuple[str, Callable[..., Engine]]], dict[str, str]]:
+    """(name, constructor) of each peer available here, and why the others are skipped. With
+    the model given, llama-cpp-python is first tried on it in a child process (_LLAMA_CPP_TRIAL)
+    and skipped, with the reason, if that fails."""
     makers: list[tuple[str, Callable[..., Engine]]] = []
     skipped: dict[str, str] = {}
     for mod, name, maker in [("llama_cpp", "llama.cpp", LlamaCppEngine),
                              ("transformers", "transformers", TransformersEngine)]:
         try:
             __import__(mod)
-            makers.append((name, maker))
         except ImportError as e:
             skipped[name] = f"not importable: {e}"
+            continue
+        why = trial_in_child(_LLAMA_CPP_TRIAL, [str(model)]) if mod == "llama_cpp" and model is not None else None
+        if why is not None:
+            skipped[name] = why
+            continue
+        makers.append((name, maker))
     for name, binary in llama_bench_peers(llama_bench):
         makers.append((name, lambda path, nt, n_ctx, b=binary, n=name: LlamaBenchEngine(b, path, nt, n)))
     if openvino_python:

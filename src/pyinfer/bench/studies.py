@@ -584,7 +584,7 @@ def study_peers(s: Settings) -> Report:
     where that is there. Beside them, start-up against llama-cpp-python: load time, resident
     memory, time to first token."""
     pp, tg = (64, 16) if s.quick else (512, 128)
-    makers, skipped = peer_makers(s.llama_bench, s.openvino_python) if s.peers else ([], {"all": "disabled"})
+    makers, skipped = peer_makers(s.llama_bench, s.openvino_python, s.model) if s.peers else ([], {"all": "disabled"})
     startup_names = ["pyinfer"] + [n for n, _ in makers if n in STARTUP_MODULES]
     load_reps, ttft_reps = (2, 2) if s.quick else (5, 7)
     prog = Progress("peers", len(s.threads) * (s.repeats * (len(makers) + 2) + len(makers) + 2
