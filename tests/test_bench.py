@@ -4,6 +4,7 @@ quantize` round trips through pyinfer and the `gguf` package."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -299,8 +300,10 @@ def test_last_level_cache_is_the_highest_level_listed(tmp_path: Path) -> None:
         (tmp_path / name / "size").write_text(size + "\n")
     assert last_level_cache_bytes(tmp_path) == 480 << 20
     assert last_level_cache_bytes(tmp_path / "missing") is None
-    (tmp_path / "index3" / "size").write_text("lots\n")
-    assert last_level_cache_bytes(tmp_path) is None
+    (tmp_path / "index3" / "size").write_text("lots\n")  # an entry it cannot read is passed over
+    assert last_level_cache_bytes(tmp_path) == 2048 << 10
+    (tmp_path / "index3" / "size").write_text("491520K\n")  # as Linux writes it
+    assert last_level_cache_bytes(tmp_path) == 480 << 20
 
 
 def test_shares_past_the_ceiling_are_explained() -> None:
@@ -310,8 +313,13 @@ def test_shares_past_the_ceiling_are_explained() -> None:
     note = " ".join(cache_note([row, batched, {"batch": 4, "weight_bytes_per_token": 1e9, "kv_bytes_per_token": 0}],
                                480 << 20))
     # The step of four sequences reads the weights once and four KV caches: 104 MB.
-    assert "up to 104 MB read per step" in note and "480 MiB" in note
+    assert "up to 104 MB read per step" in note and "cache of 503 MB" in note and "probe" not in note
     assert "caches hold part" in " ".join(cache_note([batched], None))
+    # Past an arithmetic ceiling, or in a step larger than the cache, the cache is not the reason.
+    assert cache_note([dict(batched, ceiling_bound="int8")], 480 << 20) == []
+    big = {"weight_bytes_per_token": 900e6, "kv_bytes_per_token": 0.0, "pct_of_ceiling": 103.0}
+    note = " ".join(cache_note([big], 480 << 20))
+    assert "from 900 MB" in note and "read probe measured less" in note and "found part" not in note
 
 
 def test_a_child_trial_reports_how_it_ended() -> None:
@@ -323,13 +331,24 @@ def test_a_child_trial_reports_how_it_ended() -> None:
     assert "did not finish in 1 s" in (trial_in_child("import time; time.sleep(30)", [], timeout=1) or "")
 
 
+def test_the_llama_cpp_trial_runs_on_the_default_model(default_model: Path) -> None:
+    """The trial script itself (a typo in it would skip llama.cpp everywhere, silently), where
+    llama-cpp-python is installed (the distribution: `llama_cpp` in this process may be
+    pyinfer's alias, pyinfer.as_llama_cpp)."""
+    try:
+        importlib.metadata.version("llama_cpp_python")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llama-cpp-python is not installed")
+    assert trial_in_child(engines._LLAMA_CPP_TRIAL, [str(default_model), "2"]) is None
+
+
 def test_a_llama_cpp_that_faults_is_skipped_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A llama-cpp-python whose trial in a child dies is skipped with the reason, before the
     bench's own process loads it (where the fault would end every study after it)."""
     monkeypatch.setitem(sys.modules, "llama_cpp", type(sys)("llama_cpp"))
-    crash = "import os, sys; assert sys.argv[1].endswith('m.gguf'); os.abort()"  # given the model, then dies
+    crash = "import os, sys; assert sys.argv[1].endswith('m.gguf') and sys.argv[2] == '2'; os.abort()"  # given both
     monkeypatch.setattr(engines, "_LLAMA_CPP_TRIAL", crash)
-    makers, skipped = peer_makers(None, None, tmp_path / "m.gguf")
+    makers, skipped = peer_makers(None, None, tmp_path / "m.gguf", 2)
     assert "llama.cpp" not in [n for n, _ in makers]
     assert "SIGABRT" in skipped["llama.cpp"]
     monkeypatch.setattr(engines, "_LLAMA_CPP_TRIAL", "pass")

@@ -38,36 +38,46 @@ def _cpu_model() -> str | None:
 
 
 def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int | None:
-    """The size of the highest cache level the kernel lists for CPU 0 (sysfs), or None where it
-    lists none. A virtual machine reports what its host tells it, which may be a whole socket's."""
+    """The size of the highest cache level the kernel lists for CPU 0 (sysfs; an entry it
+    cannot read is passed over), or None where it lists none. A virtual machine reports what
+    its host tells it, which may be a whole socket's."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     best: tuple[int, int] | None = None
-    try:
-        for d in root.glob("index*"):
+    for d in root.glob("index*"):
+        try:
             level = int((d / "level").read_text())
             size = (d / "size").read_text().strip()
-            units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
             n = int(size[:-1]) * units[size[-1]] if size[-1:] in units else int(size)
-            if best is None or level > best[0]:
-                best = (level, n)
-    except (OSError, ValueError):
-        return None
+        except (OSError, ValueError):
+            continue
+        if best is None or level > best[0]:
+            best = (level, n)
     return best[1] if best is not None else None
 
 
 def cache_note(rows: list[dict[str, Any]], llc_bytes: int | None) -> list[str]:
-    """A line under a table whose shares of the ceiling pass 100%: those steps found part of
-    their bytes in a cache (the ceiling is a read from memory), so they do not measure how close
-    decode comes to the memory's bandwidth. A row's step reads its weights once (for all of a
-    batch's sequences) and each sequence's KV cache. Empty where no share passes 100%."""
-    over = [r for r in rows if r.get("pct_of_ceiling", 0) > 100]
+    """A line under a table whose shares of the memory's ceiling pass 100% (rows whose ceiling
+    is arithmetic, ceiling_bound "int8", are not counted): steps that fit in the last-level
+    cache found part of their bytes there, so they do not measure decode against the memory;
+    for larger ones the read probe gave less than the memory does. A row's step reads its
+    weights once (for all of a batch's sequences) and each sequence's KV cache. Empty where no
+    share passes 100%."""
+    over = [r for r in rows if r.get("pct_of_ceiling", 0) > 100 and r.get("ceiling_bound", "memory") == "memory"]
     if not over:
         return []
-    step_mb = max((r["weight_bytes_per_token"] + r["kv_bytes_per_token"]) * r.get("batch", 1) for r in over) / 1e6
-    where = (f"this CPU reports a last-level cache of {llc_bytes / (1 << 20):.0f} MiB" if llc_bytes
-             else "the CPU's caches hold part of them")
-    return ["", f"Shares above 100%: those steps (up to {step_mb:.0f} MB read per step) found part of their bytes "
-            f"in a cache, not in memory ({where}); only a model well past the cache measures decode against the "
-            "memory's bandwidth."]
+    steps = [(r["weight_bytes_per_token"] + r["kv_bytes_per_token"]) * r.get("batch", 1) for r in over]
+    fit = [b for b in steps if llc_bytes is None or b <= llc_bytes]
+    out = []
+    if fit:
+        where = (f"this CPU reports a last-level cache of {llc_bytes / 1e6:.0f} MB" if llc_bytes
+                 else "the CPU's caches hold part of them")
+        out.append(f"Shares above 100%: those steps (up to {max(fit) / 1e6:.0f} MB read per step) found part of "
+                   f"their bytes in a cache, not in memory ({where}); only a model well past the cache measures "
+                   "decode against the memory's bandwidth.")
+    if len(fit) < len(steps):
+        out.append(f"Steps past the last-level cache (from {min(b for b in steps if b not in fit) / 1e6:.0f} MB) "
+                   "above 100%: the read probe measured less than the memory gave them; compare them with care.")
+    return [""] + out
 
 
 def _version(dist: str) -> str | None:

@@ -379,14 +379,18 @@ def llama_bench_peers(specs: list[str] | str | None) -> list[tuple[str, str]]:
 
 # What a peer run in this process must survive, tried first in a child: llama-cpp-python's
 # native library (built on the user's machine, for its CPU) loading the model and evaluating a
-# short prompt on the default threads. Some builds fault on some CPUs (0.3.36 with
+# short prompt and then a token, as LlamaCppEngine sets it up. Some builds fault on some CPUs (0.3.36 with
 # GGML_NATIVE=ON on an Intel Xeon with AMX: a general protection fault at ldtilecfg), and a
 # fault in the bench's own process would end every study after it.
 _LLAMA_CPP_TRIAL = r"""
 import sys
 from llama_cpp import Llama
-m = Llama(model_path=sys.argv[1], n_ctx=128, n_batch=64, verbose=False)
-m.eval(m.tokenize(b"The quick brown fox jumps over the lazy dog. " * 4)[:64])
+nt = int(sys.argv[2])
+m = Llama(model_path=sys.argv[1], n_ctx=128, n_batch=512, n_ubatch=512, n_threads=nt, n_threads_batch=nt,
+          verbose=False)
+ids = m.tokenize(b"The quick brown fox jumps over the lazy dog. " * 16)[:64]
+m.eval(ids)  # a prompt, as pp512 and the chat's prefill take it
+m.eval(ids[:1])  # then one token, as tg128 and the streamed reply
 """
 
 
@@ -394,10 +398,10 @@ def trial_in_child(code: str, args: Sequence[str], timeout: float = 300.0) -> st
     """Runs `code` in a child Python with `args`: None if it exits with status 0, else why not
     (the signal that ended it, its status and the tail of its stderr, or the timeout)."""
     try:
-        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout,
-                           check=False)
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, errors="replace",
+                           timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return f"a trial run in a child process did not finish in {timeout:.0f} s"
+        return f"a trial load and evaluation in a child process did not finish in {timeout:.0f} s"
     if r.returncode == 0:
         return None
     if r.returncode < 0:
@@ -414,10 +418,11 @@ def trial_in_child(code: str, args: Sequence[str], timeout: float = 300.0) -> st
 
 
 def peer_makers(llama_bench: list[str] | str | None, openvino_python: str | None = None,
-                model: Path | None = None) -> tuple[list[tuple[str, Callable[..., Engine]]], dict[str, str]]:
+                model: Path | None = None, n_threads: int = 1
+                ) -> tuple[list[tuple[str, Callable[..., Engine]]], dict[str, str]]:
     """(name, constructor) of each peer available here, and why the others are skipped. With
-    the model given, llama-cpp-python is first tried on it in a child process (_LLAMA_CPP_TRIAL)
-    and skipped, with the reason, if that fails."""
+    the model given, llama-cpp-python is first tried on it in a child process on n_threads
+    (_LLAMA_CPP_TRIAL) and skipped, with the reason, if that fails."""
     makers: list[tuple[str, Callable[..., Engine]]] = []
     skipped: dict[str, str] = {}
     for mod, name, maker in [("llama_cpp", "llama.cpp", LlamaCppEngine),
@@ -427,7 +432,8 @@ def peer_makers(llama_bench: list[str] | str | None, openvino_python: str | None
         except ImportError as e:
             skipped[name] = f"not importable: {e}"
             continue
-        why = trial_in_child(_LLAMA_CPP_TRIAL, [str(model)]) if mod == "llama_cpp" and model is not None else None
+        why = (trial_in_child(_LLAMA_CPP_TRIAL, [str(model), str(n_threads)])
+               if mod == "llama_cpp" and model is not None else None)
         if why is not None:
             skipped[name] = why
             continue

@@ -336,8 +336,16 @@ def batch_ceilings(s: Settings, m: Model, nt: int, kv: float) -> dict[str, Any]:
 
 def batch_ceiling(c: dict[str, Any], b: int) -> float:
     """Aggregate tokens/s bound at B sequences from batch_ceilings."""
-    mem = b * c["read_gbps"] * GB / (c["weight_bytes_per_step"] + b * c["kv_bytes_per_token"])
-    return mem if c["int8_tokens_per_s"] is None else min(mem, c["int8_tokens_per_s"])
+    return min(batch_bounds(c, b).values())
+
+
+def batch_bounds(c: dict[str, Any], b: int) -> dict[str, float]:
+    """The bounds at B sequences: "memory" (tokens/s at the read bandwidth) and, where known,
+    "int8" (the arithmetic's)."""
+    out = {"memory": b * c["read_gbps"] * GB / (c["weight_bytes_per_step"] + b * c["kv_bytes_per_token"])}
+    if c["int8_tokens_per_s"] is not None:
+        out["int8"] = c["int8_tokens_per_s"]
+    return out
 
 
 def study_batch(s: Settings) -> Report:
@@ -397,7 +405,9 @@ def study_batch(s: Settings) -> Report:
     ceil = batch_ceilings(s, m, nt, kv)
     for r in rows:
         if r["mode"] == "batched":
-            r["ceiling_tokens_per_s"] = batch_ceiling(ceil, r["batch"])
+            bounds = batch_bounds(ceil, r["batch"])
+            r["ceiling_bound"] = min(bounds, key=lambda k: bounds[k])
+            r["ceiling_tokens_per_s"] = bounds[r["ceiling_bound"]]
             r["pct_of_ceiling"] = 100 * r["aggregate_tokens_per_s"] / r["ceiling_tokens_per_s"]
     label = ("batched (Model.decode_batch) beside sequential (B contexts stepping in turn)" if batched is not None
              else "sequential only (B contexts stepping in turn; this build has no batched decode)")
@@ -409,7 +419,6 @@ def study_batch(s: Settings) -> Report:
                   _fmt_mb(r["weight_bytes_per_token"] + r["kv_bytes_per_token"]), f"{r['achieved_gbps']:.1f}",
                   f"{r['ceiling_tokens_per_s']:.0f}" if "ceiling_tokens_per_s" in r else "-",
                   f"{r['pct_of_ceiling']:.0f}%" if "pct_of_ceiling" in r else "-"] for r in rows])
-    md += cache_note(rows, last_level_cache_bytes())
     md += ["", f"Ceiling of B sequences: B tokens per read of the weights at the read bandwidth measured after "
            f"the runs ({ceil['read_gbps']:.1f} GB/s, {nt} thread(s)), each with its KV cache"]
     if ceil["int8_tokens_per_s"] is not None:
@@ -424,6 +433,7 @@ def study_batch(s: Settings) -> Report:
         md += ["", f"B = 16: {big['aggregate_tokens_per_s'] / base['aggregate_tokens_per_s']:.2f}x one sequence "
                f"({modes[0]}); the ceiling at B = 16 is {batch_ceiling(ceil, 16) / batch_ceiling(ceil, 1):.2f}x the "
                "ceiling of one."]
+    md += cache_note(rows, last_level_cache_bytes())
     return {"study": "batch", "mode": label, "modes": modes, "rows": rows, "ceilings": ceil}, md
 
 
@@ -584,7 +594,8 @@ def study_peers(s: Settings) -> Report:
     where that is there. Beside them, start-up against llama-cpp-python: load time, resident
     memory, time to first token."""
     pp, tg = (64, 16) if s.quick else (512, 128)
-    makers, skipped = peer_makers(s.llama_bench, s.openvino_python, s.model) if s.peers else ([], {"all": "disabled"})
+    makers, skipped = (peer_makers(s.llama_bench, s.openvino_python, s.model, max(s.threads)) if s.peers
+                       else ([], {"all": "disabled"}))
     startup_names = ["pyinfer"] + [n for n, _ in makers if n in STARTUP_MODULES]
     load_reps, ttft_reps = (2, 2) if s.quick else (5, 7)
     prog = Progress("peers", len(s.threads) * (s.repeats * (len(makers) + 2) + len(makers) + 2
