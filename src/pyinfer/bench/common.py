@@ -67,6 +67,7 @@ def cache_note(rows: list[dict[str, Any]], llc_bytes: int | None) -> list[str]:
         return []
     steps = [(r["weight_bytes_per_token"] + r["kv_bytes_per_token"]) * r.get("batch", 1) for r in over]
     fit = [b for b in steps if llc_bytes is None or b <= llc_bytes]
+    past = [b for b in steps if llc_bytes is not None and b > llc_bytes]
     out = []
     if fit:
         where = (f"this CPU reports a last-level cache of {llc_bytes / 1e6:.0f} MB" if llc_bytes
@@ -74,8 +75,8 @@ def cache_note(rows: list[dict[str, Any]], llc_bytes: int | None) -> list[str]:
         out.append(f"Shares above 100%: those steps (up to {max(fit) / 1e6:.0f} MB read per step) found part of "
                    f"their bytes in a cache, not in memory ({where}); only a model well past the cache measures "
                    "decode against the memory's bandwidth.")
-    if len(fit) < len(steps):
-        out.append(f"Steps past the last-level cache (from {min(b for b in steps if b not in fit) / 1e6:.0f} MB) "
+    if past:
+        out.append(f"Steps past the last-level cache (from {min(past) / 1e6:.0f} MB) "
                    "above 100%: the read probe measured less than the memory gave them; compare them with care.")
     return [""] + out
 
@@ -163,6 +164,13 @@ class Settings:
     @property
     def repeats(self) -> int:
         return 2 if self.quick else 3
+
+    @property
+    def llc_bytes(self) -> int | None:
+        """The last-level cache as the environment record has it (read from sysfs where a
+        Settings was made without one)."""
+        machine = self.env.get("machine", {})
+        return machine["last_level_cache_bytes"] if "last_level_cache_bytes" in machine else last_level_cache_bytes()
 
     def bandwidth(self, n_threads: int, repeats: int | None = None) -> dict[str, Any]:
         """One read-bandwidth measurement: 128 MiB (4x a 32 MiB L3) when quick, else 512 MiB."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -379,9 +380,9 @@ def llama_bench_peers(specs: list[str] | str | None) -> list[tuple[str, str]]:
 
 # What a peer run in this process must survive, tried first in a child: llama-cpp-python's
 # native library (built on the user's machine, for its CPU) loading the model and evaluating a
-# short prompt and then a token, as LlamaCppEngine sets it up. Some builds fault on some CPUs (0.3.36 with
-# GGML_NATIVE=ON on an Intel Xeon with AMX: a general protection fault at ldtilecfg), and a
-# fault in the bench's own process would end every study after it.
+# short prompt and then a token, as LlamaCppEngine sets it up. Some builds fault on some CPUs
+# (0.3.36 with GGML_NATIVE=ON on an Intel Xeon with AMX: a general protection fault at
+# ldtilecfg), and a fault in the bench's own process would end every study after it.
 _LLAMA_CPP_TRIAL = r"""
 import sys
 from llama_cpp import Llama
@@ -405,15 +406,13 @@ def trial_in_child(code: str, args: Sequence[str], timeout: float = 300.0) -> st
     if r.returncode == 0:
         return None
     if r.returncode < 0:
-        import signal
-
         try:
             how = f"was killed by {signal.Signals(-r.returncode).name}"
         except ValueError:
             how = f"was killed by signal {-r.returncode}"
     else:
         how = f"exited with status {r.returncode}"
-    tail = r.stderr.strip().splitlines()[-1:] if r.stderr.strip() else []
+    tail = r.stderr.strip().splitlines()[-1:]
     return f"a trial load and evaluation in a child process {how}" + (f": {tail[0][:200]}" if tail else "")
 
 
@@ -425,15 +424,15 @@ def peer_makers(llama_bench: list[str] | str | None, openvino_python: str | None
     (_LLAMA_CPP_TRIAL) and skipped, with the reason, if that fails."""
     makers: list[tuple[str, Callable[..., Engine]]] = []
     skipped: dict[str, str] = {}
-    for mod, name, maker in [("llama_cpp", "llama.cpp", LlamaCppEngine),
-                             ("transformers", "transformers", TransformersEngine)]:
+    # Each in-process peer: its module, its name, its engine and the trial it must pass first.
+    for mod, name, maker, trial in [("llama_cpp", "llama.cpp", LlamaCppEngine, _LLAMA_CPP_TRIAL),
+                                    ("transformers", "transformers", TransformersEngine, None)]:
         try:
             __import__(mod)
         except ImportError as e:
             skipped[name] = f"not importable: {e}"
             continue
-        why = (trial_in_child(_LLAMA_CPP_TRIAL, [str(model), str(n_threads)])
-               if mod == "llama_cpp" and model is not None else None)
+        why = trial_in_child(trial, [str(model), str(n_threads)]) if trial is not None and model is not None else None
         if why is not None:
             skipped[name] = why
             continue

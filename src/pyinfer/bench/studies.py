@@ -18,7 +18,6 @@ from pyinfer.bench.common import (
     cache_note,
     decode_row,
     kv_bytes_per_position,
-    last_level_cache_bytes,
     median,
     prompt_ids,
     table,
@@ -183,13 +182,13 @@ def _decode_sweep(s: Settings, models: dict[str, Model], *, start: int, n_steps:
     return rows
 
 
-def _roofline_md(rows: list[dict[str, Any]], key: str, label: str) -> list[str]:
+def _roofline_md(rows: list[dict[str, Any]], key: str, label: str, llc_bytes: int | None) -> list[str]:
     return table([label, "threads", "MB/token (weights + KV)", "tok/s", "GB/s", "ceiling GB/s", "% of ceiling",
                   "tok/s at ceiling"],
                  [[r[key], r["threads"], f"{_fmt_mb(r['weight_bytes_per_token'])} + {_fmt_mb(r['kv_bytes_per_token'])}",
                    f"{r['tokens_per_s']:.1f}", f"{r['achieved_gbps']:.1f}", f"{r['ceiling_gbps']:.1f}",
                    f"{r['pct_of_ceiling']:.0f}%", f"{r['ceiling_gbps'] * GB / r['bytes_per_token']:.0f}"]
-                  for r in rows]) + cache_note(rows, last_level_cache_bytes())
+                  for r in rows]) + cache_note(rows, llc_bytes)
 
 
 def study_roofline(s: Settings) -> Report:
@@ -205,7 +204,7 @@ def study_roofline(s: Settings) -> Report:
           f"Decode from position {start}, {n_steps} steps, median of {s.repeats}; bytes per token = weights "
           "read by one step + the mean KV cache it reads; the ceiling is the read bandwidth measured "
           "between the decode runs at the same thread count.", ""]
-    return {"study": "roofline", "rows": rows}, md + _roofline_md(rows, "format", "format")
+    return {"study": "roofline", "rows": rows}, md + _roofline_md(rows, "format", "format", s.llc_bytes)
 
 
 def study_formats(s: Settings) -> Report:
@@ -286,7 +285,7 @@ def study_context(s: Settings) -> Report:
                 [[r["kv_dtype"], r["context"], _fmt_mb(r["weight_bytes_per_token"]), _fmt_mb(r["kv_bytes_per_token"]),
                   f"{r['tokens_per_s']:.1f}", f"{r['achieved_gbps']:.1f}", f"{r['pct_of_ceiling']:.0f}%"]
                  for r in rows])
-    md += cache_note(rows, last_level_cache_bytes())
+    md += cache_note(rows, s.llc_bytes)
     return {"study": "context", "rows": rows}, md
 
 
@@ -433,7 +432,7 @@ def study_batch(s: Settings) -> Report:
         md += ["", f"B = 16: {big['aggregate_tokens_per_s'] / base['aggregate_tokens_per_s']:.2f}x one sequence "
                f"({modes[0]}); the ceiling at B = 16 is {batch_ceiling(ceil, 16) / batch_ceiling(ceil, 1):.2f}x the "
                "ceiling of one."]
-    md += cache_note(rows, last_level_cache_bytes())
+    md += cache_note(rows, s.llc_bytes)
     return {"study": "batch", "mode": label, "modes": modes, "rows": rows, "ceilings": ceil}, md
 
 
@@ -512,7 +511,7 @@ def study_model_size(s: Settings) -> Report:
         del m
     md = ["## Model size", "", "Synthetic llama-shaped models with random weights (speed does not depend on "
           "weight values), Q4_1 and llama.cpp's Q4_K_M mix, decoding beside the benchmarked model.", ""]
-    return {"study": "model_size", "rows": rows}, md + _roofline_md(rows, "model", "model")
+    return {"study": "model_size", "rows": rows}, md + _roofline_md(rows, "model", "model", s.llc_bytes)
 
 
 # -- peers ---------------------------------------------------------------------------------
